@@ -1,0 +1,40 @@
+"""Attention masks built from batched token ids.
+
+Convention, everywhere in this package: a mask is a bool tensor, True = "may attend".
+Every mask has a fixed 4-D shape that broadcasts against attention scores (B, H, T, S),
+and is turned into scores in exactly one place (`attention.py`).
+
+Shapes: B batch, S source length, T target length, H heads (always 1 here, broadcast).
+
+Which mask goes where (Vaswani et al. 2017, section 3.2.3):
+- encoder self-attention: `src_key_mask` - every query may read every real source token.
+- decoder self-attention: `tgt_self_mask` - causal AND target key padding.
+- decoder cross-attention: `src_key_mask` again - every target position may read the
+  whole real source; there is no causal part, because the source is known in full
+  before decoding starts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def key_padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, L) ids -> (B, 1, 1, L) bool: True where the key is a real token."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def src_key_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Mask for encoder self-attention and for cross-attention: (B, 1, 1, S)."""
+    return key_padding_mask(src_ids, pad_id)
+
+
+def causal_mask(t: int, device: torch.device | None = None) -> torch.Tensor:
+    """(1, 1, T, T) bool lower triangle: query i may attend to keys 0..i."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def tgt_self_mask(tgt_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Mask for decoder self-attention: causal AND target key padding, (B, 1, T, T)."""
+    t = tgt_ids.size(1)
+    return causal_mask(t, tgt_ids.device) & key_padding_mask(tgt_ids, pad_id)
