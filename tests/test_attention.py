@@ -1,0 +1,159 @@
+"""Properties of attention.py: masked keys get zero weight, rows sum to one, empty rows
+give zeros (never NaN) in every dtype, and the fused and explicit paths agree.
+
+Shapes: B batch, H heads, T query len, S key len, D d_model, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer.attention import MultiHeadAttention, attention_weights
+
+B, H, T, S, D = 2, 4, 5, 6, 16
+
+
+def padded_mask() -> torch.Tensor:
+    """(B, 1, 1, S): row 0 has 4 real keys, row 1 has none (an all-padding sequence)."""
+    mask = torch.zeros(B, 1, 1, S, dtype=torch.bool)
+    mask[0, ..., :4] = True
+    return mask
+
+
+def qk(seed: int = 0, dtype: torch.dtype = torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D // H, generator=g).to(dtype)
+    k = torch.randn(B, H, S, D // H, generator=g).to(dtype)
+    return q, k
+
+
+def mha(seed: int = 0) -> MultiHeadAttention:
+    torch.manual_seed(seed)
+    return MultiHeadAttention(D, H).eval()
+
+
+def inputs(seed: int = 1, dtype: torch.dtype = torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, D, generator=g).to(dtype), torch.randn(B, S, D, generator=g).to(dtype)
+
+
+# --- why the mask is added to the scores -------------------------------------------------
+
+# One query, three keys with scores (0, -1, 5); key 2 is padding. Dh = 1, so q k^T = scores.
+SCORES = torch.tensor([0.0, -1.0, 5.0])
+KEEP = torch.tensor([1.0, 1.0, 0.0])
+
+
+def test_multiplying_the_softmax_output_by_a_0_1_mask_breaks_the_distribution():
+    w = SCORES.softmax(-1) * KEEP
+    # The masked key held 99% of the weight: what is left sums to about 0.009, not 1,
+    # and the real keys keep their tiny unscaled weights.
+    assert w.sum() < 0.01
+    torch.testing.assert_close(w[:2], SCORES.softmax(-1)[:2])
+
+
+def test_multiplying_the_scores_by_a_0_1_mask_leaves_weight_on_the_masked_key():
+    w = (SCORES * KEEP).softmax(-1)
+    # The masked score becomes 0 and e^0 = 1: the pad key gets 42% of the weight, more
+    # than the real key whose score is negative.
+    assert w[2] > 0.4
+    assert w[2] > w[1]
+
+
+def test_additive_mask_gives_the_softmax_over_the_real_keys_only():
+    q = torch.ones(1, 1, 1, 1)
+    k = SCORES.view(1, 1, 3, 1)
+    w = attention_weights(q, k, KEEP.bool().view(1, 1, 1, 3))[0, 0, 0]
+    assert w[2] == 0
+    torch.testing.assert_close(w.sum(), torch.tensor(1.0))
+    torch.testing.assert_close(w[:2], SCORES[:2].softmax(-1))  # about (0.731, 0.269)
+
+
+# --- attention_weights and the store_weights path ----------------------------------------
+
+
+def test_masked_keys_get_exactly_zero_weight_and_rows_sum_to_one():
+    q, k = qk()
+    mask = padded_mask() & torch.ones(T, S, dtype=torch.bool).tril()  # causal as well
+    w = attention_weights(q, k, mask)
+    assert w.shape == (B, H, T, S)
+    full = mask.expand(B, H, T, S)
+    assert torch.all(w[~full] == 0)
+    has_key = full.any(-1)
+    torch.testing.assert_close(w.sum(-1)[has_key], torch.ones(int(has_key.sum())))
+    assert torch.all(w.sum(-1)[~has_key] == 0)  # the all-padding row: zeros
+
+
+def test_store_weights_path_keeps_weights_with_the_same_properties():
+    module = mha()
+    module.store_weights = True
+    x, kv = inputs()
+    module(x, kv, padded_mask())
+    w = module.weights
+    assert w.shape == (B, H, T, S)
+    assert torch.all(w[0, ..., 4:] == 0)
+    torch.testing.assert_close(w[0].sum(-1), torch.ones(H, T))
+    assert torch.all(w[1] == 0)
+
+
+def test_all_padding_sequence_gives_finite_outputs_and_zeros_from_attention():
+    module = mha()
+    x, kv = inputs()
+    out = module(x, kv, padded_mask())
+    assert torch.isfinite(out).all()
+    # The attention output of the empty row is zero, so only out_proj's bias remains.
+    torch.testing.assert_close(out[1], module.out_proj.bias.expand(T, D))
+
+
+def test_fused_and_explicit_paths_agree():
+    module = mha()
+    x, kv = inputs()
+    mask = padded_mask() & torch.ones(T, S, dtype=torch.bool).tril()
+    fused = module(x, kv, mask)
+    module.store_weights = True
+    explicit = module(x, kv, mask)
+    torch.testing.assert_close(fused, explicit, atol=1e-6, rtol=1e-5)
+
+
+def test_no_nan_under_bf16_autocast():
+    module = mha()
+    x, kv = inputs()
+    for store in (False, True):
+        module.store_weights = store
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(x, kv, padded_mask())
+        assert torch.isfinite(out).all(), f"store_weights={store}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("store_weights", [False, True])
+def test_all_masked_row_gives_zeros_not_nan_in_half_precision(dtype, store_weights):
+    module = mha().to(dtype)
+    module.store_weights = store_weights
+    x, kv = inputs(dtype=dtype)
+    try:
+        out = module(x, kv, padded_mask())
+    except (RuntimeError, NotImplementedError) as err:  # an op without a CPU kernel
+        if "not implemented" in str(err).lower():
+            pytest.skip(f"{dtype} not supported on CPU: {err}")
+        raise
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[1], module.out_proj.bias.expand(T, D))
+    if store_weights:
+        assert torch.all(module.weights[1] == 0)
+
+
+def test_finfo_min_fill_does_not_overflow_in_half_precision():
+    """The explicit path fills masked scores with finfo.min: finite in every dtype, still masks."""
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k = qk(dtype=dtype)
+        try:
+            w = attention_weights(q, k, padded_mask())
+        except (RuntimeError, NotImplementedError) as err:
+            if "not implemented" in str(err).lower():
+                continue
+            raise
+        assert torch.isfinite(w).all()
+        assert torch.all(w[0, ..., 4:] == 0)
