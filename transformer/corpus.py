@@ -1,0 +1,297 @@
+"""Loading parallel corpora and cleaning them.
+
+A corpus is loaded as plain Python lists (`Pairs`), cleaned (`normalize`, `drop_empty`)
+and only then turned into a `datasets.Dataset` by `data.py`. Plain-text files are read
+here, line by line as bytes, so a bad byte or a misalignment is reported with the file
+name and line number; hub corpora (IWSLT 2017, OPUS-100) go through `datasets`' parquet
+loader, from the hub or from a local folder laid out the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import fsspec
+
+from transformer.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+HUB_DEFAULTS = {  # name -> (hub id, config, revision)
+    # the main branch is a loading script, which datasets>=4 refuses to run
+    "iwslt2017": ("IWSLT/iwslt2017", "iwslt2017-it-en", "refs/convert/parquet"),
+    "opus100": ("Helsinki-NLP/opus-100", "en-it", "main"),
+}
+HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+EVAL_SETS = ("tatoeba-test", "flores200-devtest")
+
+
+class DataError(ValueError):
+    """A corpus that cannot be used as it is; the message names the file(s) at fault."""
+
+
+@dataclass
+class Pairs:
+    """Aligned source and target sentences, and where they came from (for messages)."""
+
+    src: list[str]
+    tgt: list[str]
+    origin: str
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """A path relative to the project root (not the CWD, which Hydra and pytest change)."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+# --- reading files -------------------------------------------------------------------
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """Lines of a UTF-8 file without their line ends; bad bytes raise DataError(file:line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"corpus file not found: {path}")
+    lines = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte {raw[e.start : e.start + 1]!r} "
+                    f"at column {e.start + 1})"
+                ) from None
+            lines.append(line.rstrip("\r\n"))
+    if lines and lines[0].startswith("\ufeff"):
+        lines[0] = lines[0][1:]
+    return lines
+
+
+def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Pairs:
+    """Two line-aligned plain-text files."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"misaligned corpus: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}"
+        )
+    return Pairs(src, tgt, f"{src_path} + {tgt_path}")
+
+
+def read_tsv(path: str | os.PathLike) -> Pairs:
+    """One `source<TAB>target` pair per line."""
+    src, tgt = [], []
+    for lineno, line in enumerate(read_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise DataError(
+                f"{path}:{lineno}: expected 2 tab-separated fields, found {len(fields)}"
+            )
+        src.append(fields[0])
+        tgt.append(fields[1])
+    return Pairs(src, tgt, str(path))
+
+
+def read_jsonl(path: str | os.PathLike, src_lang: str, tgt_lang: str) -> Pairs:
+    """One JSON object per line: `{"it": ..., "en": ...}` or `{"translation": {...}}`."""
+    src, tgt = [], []
+    for lineno, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            record = record.get("translation", record)
+            src.append(record[src_lang])
+            tgt.append(record[tgt_lang])
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+            raise DataError(
+                f"{path}:{lineno}: expected a JSON object with keys {src_lang!r} and "
+                f"{tgt_lang!r} (or under 'translation'): {e!r}"
+            ) from None
+    return Pairs(src, tgt, str(path))
+
+
+def read_pair_file(src: str | None, tgt: str | None, cfg: DataConfig) -> Pairs:
+    """A TSV or JSONL file (recognised by its extension), or a pair of plain-text files."""
+    if src is None:
+        raise DataError("data=files needs train_src (and train_tgt for plain-text pairs)")
+    src_path = resolve(src)
+    if src_path.suffix == ".tsv":
+        return read_tsv(src_path)
+    if src_path.suffix in (".jsonl", ".json"):
+        return read_jsonl(src_path, cfg.src_lang, cfg.tgt_lang)
+    if tgt is None:
+        raise DataError(f"{src_path} is a plain-text file: its target file must be given too")
+    return read_parallel(src_path, resolve(tgt))
+
+
+# --- corpora -------------------------------------------------------------------------
+
+
+def corpus_files(cfg: DataConfig) -> dict[str, list[Path]] | None:
+    """The local files each split is read from (their stats key the prepared-data cache).
+
+    None for a corpus on the remote hub, whose files cannot be stat'ed.
+    """
+    root = resolve(cfg.root)
+    s, t = cfg.src_lang, cfg.tgt_lang
+    if cfg.name in ("tatoeba", "sample"):
+        folder = root / "tatoeba" if cfg.name == "tatoeba" else resolve("data/sample")
+        return {
+            split: [folder / f"{split}.{s}", folder / f"{split}.{t}"] for split in ("train", "dev")
+        }
+    if cfg.name == "files":
+        files = {"train": [resolve(p) for p in (cfg.train_src, cfg.train_tgt) if p]}
+        if cfg.dev_src:
+            files["dev"] = [resolve(p) for p in (cfg.dev_src, cfg.dev_tgt) if p]
+        return files
+    if cfg.name in HUB_DEFAULTS:
+        if not cfg.hub_local_dir:
+            return None
+        base = resolve(cfg.hub_local_dir) / _hub_settings(cfg)[1]
+        return {"parquet": sorted(base.rglob("*.parquet"))}  # only for the cache key
+    raise DataError(f"unknown corpus {cfg.name!r}: tatoeba | iwslt2017 | opus100 | files | sample")
+
+
+def load_corpus(cfg: DataConfig) -> dict[str, Pairs]:
+    """The raw `train` and `dev` pairs of the corpus named by `cfg.name`."""
+    splits = {"train": load_split(cfg, "train")}
+    if cfg.name == "files" and not cfg.dev_src:  # hold out the tail of train as dev
+        train = splits["train"]
+        n_dev = max(1, min(2000, len(train) // 50))
+        log.warning("no dev_src given: holding out the last %d training pairs as dev", n_dev)
+        splits["dev"] = Pairs(train.src[-n_dev:], train.tgt[-n_dev:], f"{train.origin} (tail)")
+        splits["train"] = Pairs(train.src[:-n_dev], train.tgt[:-n_dev], train.origin)
+    else:
+        splits["dev"] = load_split(cfg, "dev")
+    if cfg.max_train_pairs is not None:
+        train, n = splits["train"], cfg.max_train_pairs
+        splits["train"] = Pairs(train.src[:n], train.tgt[:n], train.origin)
+    return splits
+
+
+def load_split(cfg: DataConfig, split: str) -> Pairs:
+    """One split (`train`, `dev`, or `test` for hub corpora) of the configured corpus."""
+    if cfg.name in HUB_DEFAULTS:
+        return load_hub_split(cfg, split)
+    if cfg.name == "files":
+        if split == "train":
+            return read_pair_file(cfg.train_src, cfg.train_tgt, cfg)
+        if split == "dev" and cfg.dev_src:
+            return read_pair_file(cfg.dev_src, cfg.dev_tgt, cfg)
+        if split == "dev":
+            return load_corpus(cfg)["dev"]
+    files = corpus_files(cfg)
+    if split not in files:  # type: ignore[operator]
+        raise DataError(f"corpus {cfg.name!r} has no {split!r} split")
+    return read_parallel(*files[split])  # type: ignore[index]
+
+
+def _hub_settings(cfg: DataConfig) -> tuple[str, str, str]:
+    hub_id, config, revision = HUB_DEFAULTS[cfg.name]
+    return cfg.hub_id or hub_id, cfg.hub_config or config, cfg.hub_revision or revision
+
+
+def hub_data_files(cfg: DataConfig, split: str) -> list[str]:
+    """Glob patterns of one split's parquet shards, on the hub or in `hub_local_dir`.
+
+    The hub uses two layouts: `<config>/<split>/*.parquet` (its parquet conversion, as
+    for IWSLT 2017) and `<config>/<split>-*.parquet` (OPUS-100's main branch). Only the
+    patterns that match files are returned, since `datasets` rejects one that matches none.
+    """
+    hub_id, config, revision = _hub_settings(cfg)
+    if cfg.hub_local_dir:
+        base = f"{resolve(cfg.hub_local_dir)}/{config}"
+    else:  # a revision such as refs/convert/parquet is URL-encoded inside an hf:// path
+        base = f"hf://datasets/{hub_id}@{quote(revision, safe='')}/{config}"
+    name = HUB_SPLITS[split]
+    patterns = [f"{base}/{name}/*.parquet", f"{base}/{name}-*.parquet"]
+    return [p for p in patterns if _glob(p)]
+
+
+def _glob(pattern: str) -> list[str]:
+    fs, path = fsspec.core.url_to_fs(pattern)
+    return fs.glob(path)
+
+
+def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
+    """One split of a hub corpus whose rows are `translation: {it: ..., en: ...}`."""
+    import datasets
+
+    patterns = hub_data_files(cfg, split)
+    if not patterns:
+        where = cfg.hub_local_dir or _hub_settings(cfg)[0]
+        raise DataError(f"no parquet files for split {HUB_SPLITS[split]!r} of {where}")
+    try:
+        ds = datasets.load_dataset(
+            "parquet",
+            data_files={split: patterns},
+            split=split,
+            cache_dir=str(resolve(cfg.cache_dir) / "hf"),
+        )
+    except FileNotFoundError as e:
+        raise DataError(f"cannot load {patterns}: {e}") from e
+    if "translation" not in ds.column_names:
+        raise DataError(f"{patterns}: expected a 'translation' column, found {ds.column_names}")
+    flat = ds.select_columns(["translation"]).flatten()
+    return Pairs(
+        flat[f"translation.{cfg.src_lang}"], flat[f"translation.{cfg.tgt_lang}"], " ".join(patterns)
+    )
+
+
+# --- cleaning ------------------------------------------------------------------------
+
+
+def normalize(text: str) -> str:
+    """Unicode NFC, then strip and collapse every run of whitespace to one space."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def normalize_pairs(pairs: Pairs) -> Pairs:
+    return Pairs([normalize(s) for s in pairs.src], [normalize(t) for t in pairs.tgt], pairs.origin)
+
+
+def drop_empty(pairs: Pairs) -> tuple[Pairs, int]:
+    """Drop pairs with an empty side; returns the kept pairs and how many were dropped."""
+    keep = [i for i, (s, t) in enumerate(zip(pairs.src, pairs.tgt)) if s and t]
+    kept = Pairs([pairs.src[i] for i in keep], [pairs.tgt[i] for i in keep], pairs.origin)
+    return kept, len(pairs) - len(kept)
+
+
+def length_filter(
+    src_lens: list[int], tgt_lens: list[int], max_len: int, max_len_ratio: float
+) -> tuple[list[int], dict[str, int]]:
+    """Indices of pairs within `max_len` tokens per side and `max_len_ratio` of each other.
+
+    Rules apply in order and each pair is counted under the first rule that drops it.
+    """
+    keep, dropped = [], {"too_long": 0, "length_ratio": 0}
+    for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
+        if s > max_len or t > max_len:
+            dropped["too_long"] += 1
+        elif max(s, t) > max_len_ratio * max(1, min(s, t)):
+            dropped["length_ratio"] += 1
+        else:
+            keep.append(i)
+    return keep, dropped
+
+
+def digest(pairs: Pairs) -> str:
+    """A content hash of the pairs (the tokenizer's cache key)."""
+    h = hashlib.sha256()
+    for side in (pairs.src, pairs.tgt):
+        h.update("\n".join(side).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]

@@ -1,0 +1,200 @@
+"""A joint SentencePiece vocabulary for both languages, with fixed special ids.
+
+The serialized model (`Tokenizer.proto`) travels inside every checkpoint, so translating
+needs no separate vocabulary file. Text is normalised by `corpus.normalize` before it
+reaches SentencePiece, which is therefore told to leave it alone (`identity` rule): then
+`decode(encode(x)) == x` for every normalised `x` made of characters seen in training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+log = logging.getLogger(__name__)
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+# Bump when the training recipe below changes, so cached vocabularies are not reused.
+_RECIPE_VERSION = "1"
+
+
+class Tokenizer:
+    """Encode text to ids and back with one SentencePiece model."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+        self._sp = processor
+        ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise ValueError(f"SentencePiece model has special ids {ids}, expected (0, 1, 2, 3)")
+
+    @classmethod
+    def from_proto(cls, proto: bytes) -> Tokenizer:
+        processor = spm.SentencePieceProcessor()
+        processor.LoadFromSerializedProto(proto)
+        return cls(processor)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        return cls.from_proto(Path(path).read_bytes())
+
+    @property
+    def proto(self) -> bytes:
+        """The serialized SentencePiece model (what checkpoints store)."""
+        return self._sp.serialized_model_proto()
+
+    @property
+    def digest(self) -> str:
+        """A short content hash of the model, for cache keys."""
+        return hashlib.sha256(self.proto).hexdigest()[:16]
+
+    def save(self, path: str | os.PathLike) -> None:
+        _atomic_write(Path(path), self.proto)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    pad_id = PAD_ID
+    unk_id = UNK_ID
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without BOS or EOS."""
+        return self._sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Iterable[Iterable[int]]) -> list[str]:
+        """Text of each id sequence: stops at the first EOS, skips padding and BOS."""
+        cleaned = []
+        for seq in ids:
+            out = []
+            for i in seq:
+                i = int(i)
+                if i == EOS_ID:
+                    break
+                if i not in (PAD_ID, BOS_ID):
+                    out.append(i)
+            cleaned.append(out)
+        return self._sp.decode(cleaned)
+
+    def id_to_piece(self, i: int) -> str:
+        return self._sp.id_to_piece(int(i))
+
+    def pieces(self, text: str) -> list[str]:
+        """The subword pieces of one text (for labelling attention plots)."""
+        return self._sp.encode(text, out_type=str)
+
+    # SentencePieceProcessor pickles on its own, but being explicit keeps datasets.map's
+    # worker processes and its fingerprint hashing independent of that detail.
+    def __getstate__(self) -> dict:
+        return {"proto": self.proto}
+
+    def __setstate__(self, state: dict) -> None:
+        processor = spm.SentencePieceProcessor()
+        processor.LoadFromSerializedProto(state["proto"])
+        self._sp = processor
+
+
+def train_tokenizer(
+    sentences: Iterable[str],
+    vocab_size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    input_sentence_size: int = 1_000_000,
+    seed: int = 0,
+) -> Tokenizer:
+    """Train a SentencePiece model on `sentences` (both languages mixed)."""
+    model = io.BytesIO()
+    spm.set_random_generator_seed(seed)  # input sampling is random: make it repeatable
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True,
+        seed_sentencepiece_size=1_000_000,
+        normalization_rule_name="identity",  # corpus.normalize already applied NFC
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        pad_piece="<pad>",
+        num_threads=2,
+        minloglevel=2,
+    )
+    return Tokenizer.from_proto(model.getvalue())
+
+
+def tokenizer_key(
+    corpus_digest: str,
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    input_sentence_size: int,
+) -> str:
+    """Cache key: the training text's digest plus every setting that shapes the model."""
+    settings = (
+        f"{_RECIPE_VERSION}|{vocab_size}|{model_type}|{character_coverage}|{input_sentence_size}"
+    )
+    return hashlib.sha256(f"{corpus_digest}|{settings}".encode()).hexdigest()[:16]
+
+
+def load_or_train_tokenizer(
+    sentences: Iterable[str],
+    corpus_digest: str,
+    cache_dir: str | os.PathLike,
+    vocab_size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    input_sentence_size: int = 1_000_000,
+) -> tuple[Tokenizer, Path]:
+    """Reuse `{cache_dir}/spm-<key>.model` if this corpus and these settings made one before.
+
+    `corpus_digest` must change whenever the training text changes (see `corpus.digest`).
+    Returns the tokenizer and the path of its cached model.
+    """
+    key = tokenizer_key(
+        corpus_digest, vocab_size, model_type, character_coverage, input_sentence_size
+    )
+    path = Path(cache_dir) / f"spm-{key}.model"
+    if path.exists():
+        log.info("reusing tokenizer %s", path)
+        return Tokenizer.load(path), path
+    log.info("training a %s tokenizer with %d pieces -> %s", model_type, vocab_size, path)
+    tokenizer = train_tokenizer(
+        sentences, vocab_size, model_type, character_coverage, input_sentence_size
+    )
+    tokenizer.save(path)
+    return tokenizer, path
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so concurrent ranks never read half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def iter_sides(src: list[str], tgt: list[str]) -> Iterator[str]:
+    """Both sides of a parallel corpus as one stream of sentences (for a joint vocabulary)."""
+    yield from src
+    yield from tgt
