@@ -1,0 +1,226 @@
+"""Batched greedy and beam search on the model's incremental decoding cache.
+
+Shapes: B batch (sentences), S source length, K beam size, R = B*K rows, V vocabulary.
+
+The source is encoded once; each step feeds the decoder one new token per row and reads
+the log-probabilities of the next one. Rows of finished sentences are dropped from the
+batch (and from the cache) as soon as they are done, so a long sentence does not make
+the short ones pay for it.
+
+Conventions shared by both searches (fairseq's, with the GNMT length penalty):
+- A `Hypothesis` holds the output tokens without BOS and EOS. Its score is the sum of
+  the log-probabilities of its tokens and of the final EOS, divided by the length
+  penalty lp(|y|) = ((5 + |y|) / 6) ** lenpen (Wu et al. 2016, eq. 14), where |y| counts
+  the tokens plus the EOS. lenpen = 0 gives the plain sum of log-probabilities.
+- Maximum length: a * |x| + b output tokens, |x| the non-padding source ids (the
+  tokens plus their EOS, as fairseq counts them), capped by the model's positional
+  table. A hypothesis that reaches it is closed with a forced EOS (which is scored).
+- Minimum length: EOS is forbidden until a hypothesis has `min_len` tokens.
+
+Beam search stopping rule (fairseq's): at each step the 2K best continuations of a
+sentence are ranked; EOS candidates among the first K become finished hypotheses, and
+the first K non-EOS candidates are the live beams of the next step. A sentence is done
+once it holds K finished hypotheses, or when its beams reach the maximum length. With
+lenpen > 0 a live beam could in theory still overtake the K-th finished hypothesis;
+like fairseq we accept that in exchange for not running every sentence to max length.
+
+The search talks to the model only through `encode`, `decode` with a `DecoderCache`,
+and `model.cfg` (bos/eos/pad ids, max_len), so a scripted fake model can stand in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from transformer.config import DecodeConfig
+from transformer.model import DecoderCache
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output ids, without BOS and EOS
+    score: float  # length-normalised sum of log-probabilities (EOS included)
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + |y|) / 6) ** alpha; |y| counts the EOS."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_lengths(model, src_ids: torch.Tensor, a: float, b: int, min_len: int) -> torch.Tensor:
+    """Per-sentence maximum output length (B,), a * |x| + b, within the model's limits."""
+    src_len = (src_ids != model.cfg.pad_id).sum(dim=1)
+    limit = model.cfg.max_len - 1  # BOS + max_len tokens fill positions 0..max_len
+    max_len = torch.floor(a * src_len.double() + b).long().clamp(max=limit)
+    return max_len.clamp(min=min(min_len, limit))
+
+
+class _Stepper:
+    """Feeds one token per row and returns next-token log-probs; follows row choices.
+
+    use_cache=False re-runs the decoder over the whole prefix at every step (what
+    `torch.nn.Transformer` users do); it is the reference for tests and benchmarks.
+    """
+
+    def __init__(self, model, src_ids: torch.Tensor, use_cache: bool = True) -> None:
+        self.model = model
+        self.src_ids = src_ids  # (R, S)
+        self.memory = model.encode(src_ids)  # (R, S, D)
+        self.cache = DecoderCache() if use_cache else None
+        bos = model.cfg.bos_id
+        self.tgt_ids = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, t+1)
+
+    def expand(self, k: int) -> None:
+        """Repeat every row k times (beams of one sentence are adjacent)."""
+        self.select(torch.arange(self.src_ids.size(0), device=self.src_ids.device)
+                    .repeat_interleave(k))
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (R',), in that order: beam selection and finished rows."""
+        self.src_ids = self.src_ids.index_select(0, index)
+        self.memory = self.memory.index_select(0, index)
+        self.tgt_ids = self.tgt_ids.index_select(0, index)
+        if self.cache is not None and len(self.cache):
+            self.cache.reorder(index)
+
+    def log_probs(self) -> torch.Tensor:
+        """Log-probabilities (R, V), float32, of the token after the current prefix."""
+        if self.cache is None:
+            logits = self.model.decode(self.tgt_ids, self.memory, self.src_ids)
+        else:
+            new = self.tgt_ids if not len(self.cache) else self.tgt_ids[:, -1:]
+            logits = self.model.decode(new, self.memory, self.src_ids, self.cache)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    def append(self, tokens: torch.Tensor) -> None:
+        self.tgt_ids = torch.cat([self.tgt_ids, tokens[:, None]], dim=1)
+
+
+def _constrain(lprobs: torch.Tensor, step: int, max_len: torch.Tensor, min_len: int,
+               eos: int) -> torch.Tensor:
+    """Forbid EOS before min_len; force EOS on rows whose max_len (R,) is reached."""
+    if step < min_len:
+        lprobs[:, eos] = -math.inf
+    at_max = step >= max_len
+    if at_max.any():
+        eos_lp = lprobs[at_max, eos]
+        lprobs[at_max] = -math.inf
+        lprobs[at_max, eos] = eos_lp
+    return lprobs
+
+
+@torch.inference_mode()
+def greedy_search(
+    model,
+    src_ids: torch.Tensor,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    min_len: int = 1,
+    lenpen: float = 0.0,
+    use_cache: bool = True,
+) -> list[Hypothesis]:
+    """src_ids (B, S) -> the most probable next token at every step, one per sentence."""
+    eos = model.cfg.eos_id
+    n = src_ids.size(0)
+    max_len = max_lengths(model, src_ids, max_len_a, max_len_b, min_len)  # (B,)
+    stepper = _Stepper(model, src_ids, use_cache)
+    alive = torch.arange(n, device=src_ids.device)  # original index of each row
+    scores = torch.zeros(n, dtype=torch.float32, device=src_ids.device)
+    results: list[Hypothesis | None] = [None] * n
+    step = 0
+    while alive.numel():
+        lprobs = _constrain(stepper.log_probs(), step, max_len[alive], min_len, eos)
+        lp, tokens = lprobs.max(dim=-1)  # (R,)
+        scores += lp
+        step += 1
+        done = tokens == eos
+        for row in done.nonzero().flatten().tolist():
+            hyp = stepper.tgt_ids[row, 1:].tolist()
+            score = scores[row].item() / length_penalty(step, lenpen)
+            results[alive[row].item()] = Hypothesis(hyp, score)
+        keep = (~done).nonzero().flatten()
+        stepper.append(tokens)
+        if keep.numel() < done.numel():
+            stepper.select(keep)
+            alive, scores = alive[keep], scores[keep]
+    return results  # type: ignore[return-value]
+
+
+@torch.inference_mode()
+def beam_search(
+    model,
+    src_ids: torch.Tensor,
+    beam_size: int = 5,
+    lenpen: float = 0.6,
+    nbest: int = 1,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    min_len: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first."""
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"need 1 <= nbest <= beam_size, got nbest={nbest}, beam_size={beam_size}")
+    eos, k, device = model.cfg.eos_id, beam_size, src_ids.device
+    n = src_ids.size(0)
+    max_len = max_lengths(model, src_ids, max_len_a, max_len_b, min_len)  # (B,)
+    stepper = _Stepper(model, src_ids, use_cache)
+    stepper.expand(k)
+    alive = torch.arange(n, device=device)  # original index of each live sentence (A,)
+    # Only the first beam of a sentence is live at the start, so the K beams differ.
+    scores = torch.full((n, k), -math.inf, device=device)
+    scores[:, 0] = 0.0
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    step = 0
+    while alive.numel():
+        lprobs = stepper.log_probs()  # (A*K, V)
+        v = lprobs.size(-1)
+        lprobs = _constrain(lprobs, step, max_len[alive].repeat_interleave(k), min_len, eos)
+        cand = (scores.view(-1, 1) + lprobs).view(-1, k * v)  # (A, K*V)
+        top_scores, top_idx = cand.topk(min(2 * k, k * v), dim=-1)  # (A, 2K), best first
+        top_beam, top_tok = top_idx // v, top_idx % v
+        step += 1
+        _collect_finished(finished, alive, stepper.tgt_ids, top_scores, top_beam, top_tok,
+                          k, eos, length_penalty(step, lenpen))
+        # Live beams: the first K candidates that are not EOS (an EOS sorts behind them all).
+        is_eos = top_tok == eos
+        rank = torch.arange(top_tok.size(1), device=device) + is_eos * top_tok.size(1)
+        pick = rank.topk(k, dim=-1, largest=False).indices  # (A, K), in score order
+        scores = top_scores.gather(1, pick)
+        beams, tokens = top_beam.gather(1, pick), top_tok.gather(1, pick)
+        done = torch.tensor([len(finished[i]) >= k for i in alive.tolist()], device=device)
+        done |= step > max_len[alive]
+        keep = (~done).nonzero().flatten()  # (A',)
+        rows = (keep[:, None] * k + beams[keep]).flatten()  # (A'*K,) rows that go on
+        stepper.select(rows)
+        stepper.append(tokens[keep].flatten())
+        alive, scores = alive[keep], scores[keep]
+    for hyps in finished:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+    return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished]
+
+
+def _collect_finished(finished, alive, tgt_ids, top_scores, top_beam, top_tok, k, eos, lp):
+    """Turn the EOS candidates among each sentence's K best into finished hypotheses."""
+    eos_hits = ((top_tok[:, :k] == eos) & top_scores[:, :k].isfinite()).nonzero().tolist()
+    for a, j in eos_hits:  # row-major: within a sentence, best candidate first
+        sent = alive[a].item()
+        if len(finished[sent]) < k:
+            row = a * k + top_beam[a, j].item()
+            tokens = tgt_ids[row, 1:].tolist()
+            finished[sent].append(Hypothesis(tokens, top_scores[a, j].item() / lp))
+
+
+def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """Decode src_ids (B, S) as `cfg` says; n-best lists (a list of one for greedy)."""
+    if cfg.method == "greedy":
+        hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
+                             cfg.lenpen)
+        return [[h] for h in hyps]
+    if cfg.method == "beam":
+        return beam_search(model, src_ids, cfg.beam_size, cfg.lenpen, cfg.nbest,
+                           cfg.max_len_a, cfg.max_len_b, cfg.min_len)
+    raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy or beam")
