@@ -12,9 +12,9 @@ Conventions shared by both searches (fairseq's, with the GNMT length penalty):
   the log-probabilities of its tokens and of the final EOS, divided by the length
   penalty lp(|y|) = ((5 + |y|) / 6) ** lenpen (Wu et al. 2016, eq. 14), where |y| counts
   the tokens plus the EOS. lenpen = 0 gives the plain sum of log-probabilities.
-- Maximum length: a * |x| + b output tokens, |x| the non-padding source ids (the
-  tokens plus their EOS, as fairseq counts them), capped by the model's positional
-  table. A hypothesis that reaches it is closed with a forced EOS (which is scored).
+- Maximum length: a * |x| + b output tokens, |x| the non-padding source ids (what
+  `batching.collate` puts there: the source tokens, without BOS or EOS), capped by the
+  model's positional table. A hypothesis that reaches it is closed with a forced EOS (which is scored).
 - Minimum length: EOS is forbidden until a hypothesis has `min_len` tokens.
 
 Beam search stopping rule (fairseq's): at each step the 2K best continuations of a
