@@ -77,6 +77,7 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         with timer("load cached"):
             cached = _load_prepared(cfg, key)
         if cached is not None:
+            log.info("reusing prepared data %s", cached.path)
             cached.stats["seconds"] = timer.seconds
             return cached
         del timer.seconds["load cached"]
@@ -296,7 +297,6 @@ def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
         return None
     stats_file = path / "stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
-    log.info("reusing prepared data %s", path)
     return PreparedData(tokenizer, train, dev, stats, path, from_cache=True)
 
 
