@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import datasets
 import fsspec
 
 from transformer.config import DataConfig
@@ -205,11 +206,11 @@ def _hub_settings(cfg: DataConfig) -> tuple[str, str, str]:
 
 
 def hub_data_files(cfg: DataConfig, split: str) -> list[str]:
-    """Glob patterns of one split's parquet shards, on the hub or in `hub_local_dir`.
+    """Glob patterns for one split's parquet shards, on the hub or in `hub_local_dir`.
 
     The hub uses two layouts: `<config>/<split>/*.parquet` (its parquet conversion, as
-    for IWSLT 2017) and `<config>/<split>-*.parquet` (OPUS-100's main branch). Only the
-    patterns that match files are returned, since `datasets` rejects one that matches none.
+    for IWSLT 2017) and `<config>/<split>-*.parquet` (OPUS-100's main branch); both are
+    returned and `load_hub_split` keeps those that match files.
     """
     hub_id, config, revision = _hub_settings(cfg)
     if cfg.hub_local_dir:
@@ -217,8 +218,7 @@ def hub_data_files(cfg: DataConfig, split: str) -> list[str]:
     else:  # a revision such as refs/convert/parquet is URL-encoded inside an hf:// path
         base = f"hf://datasets/{hub_id}@{quote(revision, safe='')}/{config}"
     name = HUB_SPLITS[split]
-    patterns = [f"{base}/{name}/*.parquet", f"{base}/{name}-*.parquet"]
-    return [p for p in patterns if _glob(p)]
+    return [f"{base}/{name}/*.parquet", f"{base}/{name}-*.parquet"]
 
 
 def _glob(pattern: str) -> list[str]:
@@ -228,9 +228,8 @@ def _glob(pattern: str) -> list[str]:
 
 def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
     """One split of a hub corpus whose rows are `translation: {it: ..., en: ...}`."""
-    import datasets
-
-    patterns = hub_data_files(cfg, split)
+    # datasets rejects a pattern that matches nothing: keep the layout this corpus uses
+    patterns = [p for p in hub_data_files(cfg, split) if _glob(p)]
     if not patterns:
         where = cfg.hub_local_dir or _hub_settings(cfg)[0]
         raise DataError(f"no parquet files for split {HUB_SPLITS[split]!r} of {where}")
@@ -245,10 +244,14 @@ def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
         raise DataError(f"cannot load {patterns}: {e}") from e
     if "translation" not in ds.column_names:
         raise DataError(f"{patterns}: expected a 'translation' column, found {ds.column_names}")
-    flat = ds.select_columns(["translation"]).flatten()
-    return Pairs(
-        flat[f"translation.{cfg.src_lang}"], flat[f"translation.{cfg.tgt_lang}"], " ".join(patterns)
-    )
+    translation = ds.with_format("arrow")[:].column("translation").combine_chunks()
+    try:
+        src, tgt = (translation.field(lang).to_pylist() for lang in (cfg.src_lang, cfg.tgt_lang))
+    except KeyError as e:
+        raise DataError(
+            f"{patterns}: no language {e} in 'translation' {translation.type}"
+        ) from None
+    return Pairs(src, tgt, " ".join(patterns))
 
 
 # --- cleaning ------------------------------------------------------------------------
