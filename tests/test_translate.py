@@ -1,0 +1,142 @@
+"""mt-translate and translate_lines on a tiny random checkpoint built in tmp_path."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import translate
+from transformer.checkpoint import load_model, save_checkpoint
+from transformer.config import DecodeConfig, ModelConfig
+from transformer.corpus import read_lines
+from transformer.model import build_model
+from transformer.tokenizer import train_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+LINES = ["Che ore sono?", "", "Ti chiamo stasera.", "   ", "Sì, certo!", "Ci vediamo martedì alle due."]
+FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never stops early
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops on a shared 2-core machine
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
+    sample = ROOT / "data" / "sample"
+    sentences = read_lines(sample / "train.it") + read_lines(sample / "train.en")
+    tokenizer = train_tokenizer(sentences, vocab_size=300)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
+                      n_encoder_layers=2, n_decoder_layers=2, max_len=32)
+    model = build_model(cfg)
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", model, tokenizer, "", {})
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoint):
+    return load_model(checkpoint)
+
+
+def run_main(monkeypatch, *overrides: str) -> None:
+    """Call mt-translate's Hydra main in this process, as the console script would."""
+    monkeypatch.setattr(sys, "argv", ["mt-translate", *overrides])
+    translate.main()
+
+
+def test_translate_lines_keeps_order_and_empty_lines(loaded):
+    model, tokenizer = loaded
+    cfg = DecodeConfig(**FAST, max_tokens=12)  # several batches, sorted by length
+    out = translate.translate_lines(model, tokenizer, LINES, cfg)
+    assert len(out) == len(LINES)
+    assert out[1] == "" and out[3] == ""
+    alone = [translate.translate_lines(model, tokenizer, [line], cfg)[0] for line in LINES]
+    assert out == alone
+    assert all(out[i] for i in (0, 2, 4, 5))
+
+
+def test_translate_lines_restores_training_mode(loaded):
+    model, tokenizer = loaded
+    model.train()
+    translate.translate_lines(model, tokenizer, LINES[:1], DecodeConfig(**FAST))
+    assert model.training
+    model.eval()
+
+
+def test_too_long_input_is_truncated_with_a_warning(loaded, caplog):
+    model, tokenizer = loaded
+    long_line = " ".join(["Ci vediamo martedì alle due."] * 20)  # > max_len = 32 tokens
+    with caplog.at_level(logging.WARNING):
+        out = translate.translate_lines(model, tokenizer, [long_line], DecodeConfig(**FAST))
+    assert len(out) == 1 and out[0]
+    assert "truncated to the model's limit of 32" in caplog.text
+
+
+def test_length_batches_respect_max_tokens_and_cover_every_line():
+    lengths = [5, 1, 9, 3, 3, 7, 2, 20]
+    batches = translate.length_batches(lengths, max_tokens=10)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        longest = max(lengths[i] for i in b)
+        assert len(b) * longest <= 10 or len(b) == 1
+
+
+def test_cli_file_in_file_out_keeps_lines(checkpoint, loaded, tmp_path, monkeypatch):
+    src, out = tmp_path / "in.it", tmp_path / "out.en"
+    src.write_text("".join(f"{line}\n" for line in LINES), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    run_main(monkeypatch, f"checkpoint={checkpoint}", f"input.file={src}", f"output={out}",
+             "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=6", "progress=false")
+    model, tokenizer = loaded
+    expected = translate.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST))
+    assert read_lines(out) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.it", "out.en"]  # no Hydra litter
+
+
+def test_cli_nbest_lines(checkpoint, monkeypatch, capsys):
+    run_main(monkeypatch, f"checkpoint={checkpoint}", "input.text='Che ore sono?\n\nSì!'",
+             "decode=beam", "decode.beam_size=3", "decode.nbest=2", "decode.max_len_a=0",
+             "decode.max_len_b=5")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "2", "2"]
+    assert lines[2] == "1 |||  ||| 0.0000"  # the empty line: not decoded
+    scores = [float(line.split(" ||| ")[2]) for line in lines]
+    assert scores[0] >= scores[1] and scores[3] >= scores[4]  # best first
+
+
+def test_cli_missing_checkpoint_exits_with_a_message(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(monkeypatch, f"checkpoint={tmp_path / 'nowhere'}", "input.text=Ciao")
+    assert exit_info.value.code == f"mt-translate: error: no checkpoint directory at {tmp_path / 'nowhere'}"
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(monkeypatch, "input.text=Ciao")
+    assert "add checkpoint=path/to/checkpoint_dir" in str(exit_info.value.code)
+
+
+def test_cli_corrupt_checkpoint_is_one_clear_error(checkpoint, tmp_path):
+    # A real process (about 5 s of imports): exit status and stderr as a user sees them.
+    bad = tmp_path / "ckpt"
+    bad.mkdir()
+    for f in checkpoint.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "transformer.translate", f"checkpoint={bad}", "input.text=Ciao"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"mt-translate: error: corrupt weights {bad}")
+    assert "Traceback" not in proc.stderr
