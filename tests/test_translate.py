@@ -80,7 +80,7 @@ def test_too_long_input_is_truncated_with_a_warning(loaded, caplog):
     with caplog.at_level(logging.WARNING):
         out = translate.translate_lines(model, tokenizer, [long_line], DecodeConfig(**FAST))
     assert len(out) == 1 and out[0]
-    assert "truncated to the model's limit of 32" in caplog.text
+    assert "1 input line(s) longer than the model's limit of 32 tokens" in caplog.text
 
 
 def test_length_batches_respect_max_tokens_and_cover_every_line():

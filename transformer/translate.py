@@ -59,12 +59,12 @@ def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list
     The ids are what `batching.collate` puts on the source side: no BOS, no EOS.
     """
     ids = tokenizer.encode([normalize(line) for line in lines])
-    for i, seq in enumerate(ids):
-        if len(seq) > max_len:
-            log.warning("input line %d has %d tokens; truncated to the model's limit of %d",
-                        i + 1, len(seq), max_len)
-            ids[i] = seq[:max_len]
-    return ids
+    too_long = [i for i, seq in enumerate(ids) if len(seq) > max_len]
+    if too_long:
+        shown = ", ".join(str(i + 1) for i in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
+        log.warning("%d input line(s) longer than the model's limit of %d tokens were "
+                    "truncated (line %s)", len(too_long), max_len, shown)
+    return [seq[:max_len] for seq in ids]
 
 
 def length_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -1,0 +1,89 @@
+"""mt-evaluate: its scores are the sacrebleu command line's on the files it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import evaluate
+from transformer.checkpoint import save_checkpoint
+from transformer.config import ModelConfig
+from transformer.corpus import read_lines
+from transformer.model import build_model
+from transformer.tokenizer import train_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "sample"
+
+
+def sacrebleu_cli(ref: Path, hyp: Path) -> dict[str, dict]:
+    """`sacrebleu REF -i HYP -m bleu chrf ter -w 4`, parsed: {metric name: its JSON}."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp),
+         "-m", "bleu", "chrf", "ter", "-w", "4"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    return {m["name"]: m for m in json.loads(proc.stdout)}
+
+
+def assert_same_as_cli(report: dict, ref: Path, hyp: Path) -> None:
+    cli = sacrebleu_cli(ref, hyp)
+    assert set(cli) == {"BLEU", "chrF2", "TER"}
+    for name, result in cli.items():
+        assert report["scores"][name] == result["score"], name
+        assert report["signatures"][name] == result["signature"], name
+
+
+def test_scores_equal_the_sacrebleu_command_line(tmp_path):
+    # Hypotheses that share some n-grams with the references, so no score is 0 or 100.
+    refs = read_lines(SAMPLE / "dev.en")[:20]
+    hyps = [" ".join(r.split()[: max(1, len(r.split()) - 1)]).lower() for r in refs]
+    report = evaluate.score(hyps, refs)
+    assert 0 < report["scores"]["BLEU"] < 100
+    (tmp_path / "ref").write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
+    (tmp_path / "hyp").write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
+    assert_same_as_cli(report, tmp_path / "ref", tmp_path / "hyp")
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
+    tokenizer = train_tokenizer(read_lines(SAMPLE / "train.it") + read_lines(SAMPLE / "train.en"),
+                                vocab_size=300)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
+                      n_encoder_layers=2, n_decoder_layers=2, max_len=64)
+    return save_checkpoint(tmp_path / "ckpt", build_model(cfg), tokenizer, "", {})
+
+
+def test_mt_evaluate_writes_files_and_report_that_sacrebleu_agrees_with(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops on a shared 2-core machine
+    pair = f"{SAMPLE / 'dev.it'},{SAMPLE / 'dev.en'}"
+    out = tmp_path / "eval"
+    monkeypatch.setattr(sys, "argv", [
+        "mt-evaluate", f"checkpoint={checkpoint}", f"test_set='{pair}'", f"output_dir={out}",
+        "max_sentences=12", "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=8",
+        "progress=false",
+    ])
+    try:
+        evaluate.main()
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads((out / "dev.it.greedy.json").read_text())
+    hyp, ref = out / "dev.it.greedy.hyp", out / "dev.it.ref"
+    assert report["files"] == {"hyp": str(hyp), "ref": str(ref), "report": str(out / "dev.it.greedy.json")}
+    assert len(read_lines(hyp)) == len(read_lines(ref)) == report["sentences"] == 12
+    assert read_lines(ref) == read_lines(SAMPLE / "dev.en")[:12]
+    assert report["decode"]["method"] == "greedy" and report["checkpoint"] == str(checkpoint)
+    assert report["sentences_per_second"] > 0
+    assert_same_as_cli(report, ref, hyp)
+    printed = capsys.readouterr().out
+    assert f"BLEU = {report['scores']['BLEU']:.2f}" in printed

@@ -1,0 +1,104 @@
+"""`mt-evaluate`: translate a test set and score it with sacrebleu (BLEU, chrF, TER).
+
+    mt-evaluate checkpoint=runs/tatoeba_cpu/checkpoints/best test_set=tatoeba-test
+    mt-evaluate checkpoint=CKPT test_set=flores200-devtest decode=greedy
+    mt-evaluate checkpoint=CKPT test_set=dev data=tatoeba
+    mt-evaluate checkpoint=CKPT test_set=test data=iwslt2017          # the hub test split
+    mt-evaluate checkpoint=CKPT test_set=path/to/src.it,path/to/ref.en
+
+Writes `{output_dir}/{name}.{method}.hyp` (one line per test sentence), the references
+it scored against (`.ref`) and a JSON report (`.json`: scores, sacrebleu signatures,
+checkpoint, decode settings, time, sentences/s). The scores are sacrebleu's defaults, so
+`sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+from transformer.config import DataConfig, DecodeConfig
+from transformer.corpus import PROJECT_ROOT
+from transformer.data import load_test_set
+from transformer.translate import load_for_inference, run_cli, translate_lines
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvaluateConfig:
+    checkpoint: str | None = None  # a checkpoint directory (required)
+    test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | dev | test | src,ref
+    output_dir: str = "outputs/eval"  # relative to the current directory
+    max_sentences: int | None = None  # score only the first N sentences (quick checks)
+    device: str = "auto"
+    progress: bool = True
+    data: DataConfig = field(default_factory=DataConfig)  # where the test sets live
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+def score(hyps: list[str], refs: list[str]) -> dict:
+    """sacrebleu's corpus BLEU, chrF and TER with their signatures (default settings)."""
+    report: dict = {"scores": {}, "signatures": {}}
+    for metric in (BLEU(), CHRF(), TER()):
+        result = metric.corpus_score(hyps, [refs])
+        report["scores"][result.name] = round(result.score, 4)
+        report["signatures"][result.name] = str(metric.get_signature())
+        report.setdefault("verbose", {})[result.name] = str(result)
+    return report
+
+
+def file_stem(test_set: str) -> str:
+    """A file-name-safe name: the set's name, or the source file's name for a src,ref pair."""
+    return Path(test_set.split(",")[0]).name if "," in test_set else test_set
+
+
+def evaluate(cfg: EvaluateConfig) -> dict:
+    """Translate and score `cfg.test_set`; write hypotheses, references and the report."""
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device)
+    src, refs = load_test_set(cfg.test_set, cfg.data)
+    if cfg.max_sentences is not None:
+        src, refs = src[: cfg.max_sentences], refs[: cfg.max_sentences]
+    start = time.perf_counter()
+    hyps = translate_lines(model, tokenizer, src, cfg.decode, device, progress=cfg.progress)
+    seconds = time.perf_counter() - start
+    report = {
+        "test_set": cfg.test_set,
+        "sentences": len(src),
+        **score(hyps, refs),
+        "checkpoint": str(Path(cfg.checkpoint).resolve()),
+        "decode": asdict(cfg.decode),
+        "device": str(device),
+        "seconds": round(seconds, 2),
+        "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
+    }
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{file_stem(cfg.test_set)}.{cfg.decode.method}"
+    files = {"hyp": out / f"{stem}.hyp", "ref": out / f"{file_stem(cfg.test_set)}.ref",
+             "report": out / f"{stem}.json"}
+    files["hyp"].write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
+    files["ref"].write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
+    report["files"] = {k: str(v) for k, v in files.items()}
+    files["report"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    for name in ("BLEU", "chrF2", "TER"):
+        print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
+    print(f"{len(src)} sentences in {seconds:.1f} s ({report['sentences_per_second']} sent/s); "
+          f"report: {files['report']}")
+    return report
+
+
+@hydra.main(config_path=str(PROJECT_ROOT / "configs"), config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_cli("mt-evaluate", EvaluateConfig, cfg, evaluate)
+
+
+if __name__ == "__main__":
+    main()
