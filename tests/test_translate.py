@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from transformer import translate
-from transformer.checkpoint import load_model, save_checkpoint
+from transformer.average import main as average_main
+from transformer.checkpoint import load_meta, load_model, save_checkpoint
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.corpus import read_lines
 from transformer.model import build_model
@@ -140,3 +141,27 @@ def test_cli_corrupt_checkpoint_is_one_clear_error(checkpoint, tmp_path):
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"mt-translate: error: corrupt weights {bad}")
     assert "Traceback" not in proc.stderr
+
+
+def test_averaged_checkpoint_holds_the_mean_weights_and_translates(loaded, tmp_path, capsys):
+    # Checkpoint averaging (transformer/average.py): three step checkpoints of a run.
+    model, tokenizer = loaded
+    states = []
+    for step, seed in [(100, 1), (200, 2), (300, 3)]:
+        torch.manual_seed(seed)
+        m = build_model(model.cfg)
+        states.append(m.state_dict())
+        save_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{step}", m, tokenizer,
+                        f"seed: {seed}\n", {"step": step}, trainer_state={"step": step})
+    out = tmp_path / "avg"
+    average_main([str(tmp_path / "run"), "--last", "2", "-o", str(out)])
+    avg, _ = load_model(out)
+    for k, v in avg.state_dict().items():
+        torch.testing.assert_close(v, (states[1][k] + states[2][k]) / 2)
+    assert avg.src_embed.weight is avg.out_proj.weight  # still tied
+    assert load_meta(out)["step"] == 300 and not (out / "trainer_state.pt").exists()
+    assert (out / "config.yaml").read_text() == "seed: 3\n"
+    assert "averaged 2 checkpoints (step_200, step_300)" in capsys.readouterr().out
+    assert translate.translate_lines(avg, tokenizer, LINES[:1], DecodeConfig(**FAST))[0]
+    with pytest.raises(SystemExit, match="fewer than --last 4"):
+        average_main([str(tmp_path / "run"), "--last", "4", "-o", str(out)])
