@@ -17,6 +17,7 @@ from transformer.checkpoint import load_meta, load_model, save_checkpoint
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.corpus import read_lines
 from transformer.model import build_model
+from transformer.plots import cross_attention, plot_alignment
 from transformer.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,3 +166,17 @@ def test_averaged_checkpoint_holds_the_mean_weights_and_translates(loaded, tmp_p
     assert translate.translate_lines(avg, tokenizer, LINES[:1], DecodeConfig(**FAST))[0]
     with pytest.raises(SystemExit, match="fewer than --last 4"):
         average_main([str(tmp_path / "run"), "--last", "4", "-o", str(out)])
+
+
+def test_attention_picture_of_a_greedy_translation(loaded, tmp_path):
+    model, tokenizer = loaded
+    sentence = "Ci vediamo martedì alle due."
+    alignment = cross_attention(model, tokenizer, sentence, layer=-1, max_len_a=0, max_len_b=5)
+    assert alignment.src_pieces == tokenizer.pieces(sentence)
+    assert alignment.tgt_pieces[-1] == tokenizer.id_to_piece(tokenizer.eos_id)
+    assert alignment.weights.shape == (len(alignment.tgt_pieces), len(alignment.src_pieces))
+    torch.testing.assert_close(alignment.weights.sum(dim=1), torch.ones(len(alignment.tgt_pieces)))
+    assert alignment.layer == len(model.decoder_layers) - 1
+    assert not model.decoder_layers[-1].cross_attn.store_weights  # switched off again
+    png = plot_alignment(alignment, tmp_path / "attention.png")
+    assert png.read_bytes().startswith(b"\x89PNG")
