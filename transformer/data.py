@@ -70,7 +70,11 @@ class _Timer:
 
 
 def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Load, clean, tokenize and encode the corpus of `cfg`, or reuse the cached result."""
+    """Load, clean, tokenize and encode the corpus of `cfg`, or reuse the cached result.
+
+    Under DDP, call it on rank 0 first and on the other ranks after a barrier, so that
+    they load the cache instead of all preparing the same data at once.
+    """
     timer = _Timer()
     key = _source_key(cfg)
     if key is not None:
@@ -281,8 +285,12 @@ def _save_prepared(
     (tmp / "meta.json").write_text(
         json.dumps({"tokenizer": spm_path.name, "settings": _settings(cfg)})
     )
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    if final.exists() and not (final / "meta.json").exists():
+        shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
+    try:
+        tmp.rename(final)
+    except OSError:  # another process (a DDP rank) saved the same data first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
