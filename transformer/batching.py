@@ -9,6 +9,7 @@ inside shuffled chunks of `bucket_chunk` batches' worth), so little of a batch i
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -64,19 +65,29 @@ def collate(
     else:
         srcs = [ex["src_ids"] for ex in examples]
         tgts = [ex["tgt_ids"] for ex in examples]
-    n = len(srcs)
-    src_ids = torch.full((n, max(map(len, srcs)) + SRC_EXTRA), pad_id, dtype=torch.long)
-    t = max(map(len, tgts)) + TGT_EXTRA
-    tgt_in_ids = torch.full((n, t), pad_id, dtype=torch.long)
-    tgt_out_ids = torch.full((n, t), pad_id, dtype=torch.long)
-    for i, (x, y) in enumerate(zip(srcs, tgts)):
-        y = torch.as_tensor(y, dtype=torch.long)
-        src_ids[i, : len(x)] = torch.as_tensor(x, dtype=torch.long)
-        tgt_in_ids[i, 0] = bos_id
-        tgt_in_ids[i, 1 : len(y) + 1] = y
-        tgt_out_ids[i, : len(y)] = y
-        tgt_out_ids[i, len(y)] = eos_id
+    src_ids, _ = _pad(srcs, pad_id, offset=0, extra=SRC_EXTRA)
+    tgt_in_ids, tgt_lens = _pad(tgts, pad_id, offset=1, extra=TGT_EXTRA)
+    tgt_in_ids[:, 0] = bos_id
+    tgt_out_ids, _ = _pad(tgts, pad_id, offset=0, extra=TGT_EXTRA)
+    tgt_out_ids[torch.arange(len(tgts)), tgt_lens] = eos_id
     return Batch(src_ids, tgt_in_ids, tgt_out_ids, pad_id)
+
+
+def _pad(
+    seqs: Sequence[Sequence[int]], pad_id: int, offset: int, extra: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, max_len + extra) long tensor with row i's ids at [offset, offset + len_i); lengths.
+
+    Vectorised in numpy (one boolean-mask assignment): a Python loop over rows, or the same
+    in torch with its thread pool, takes 10-20 ms for a batch of 400 short sentences.
+    """
+    lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))
+    out = np.full((len(seqs), int(lens.max()) + extra), pad_id, dtype=np.int64)
+    positions = np.arange(out.shape[1])
+    inside = (positions >= offset) & (positions < lens[:, None] + offset)  # row-major = flat order
+    out[inside] = flat
+    return torch.from_numpy(out), torch.from_numpy(lens)
 
 
 def token_lengths(dataset) -> tuple[np.ndarray, np.ndarray]:
