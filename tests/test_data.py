@@ -13,8 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from huggingface_hub.utils import parse_hf_uri
 from hydra import compose, initialize_config_dir
 
+from transformer import corpus
 from transformer import tokenizer as tokenizer_module
 from transformer.batching import (
     TokenBatchSampler,
@@ -178,6 +180,21 @@ def test_hub_corpora_from_a_local_parquet_mirror(tmp_path, name) -> None:
     check_encoded(prepared)
     test_src, test_ref = load_test_set("test", cfg)
     assert sorted(zip(test_src, test_ref)) == sorted(zip(src[340:], tgt[340:]))
+    assert prepare_data(cfg).from_cache
+
+
+def test_remote_hub_corpora_are_cached_by_content(tmp_path, monkeypatch) -> None:
+    """Files on the hub cannot be stat'ed: the cache key is the loaded text's digest."""
+    mirror = tmp_path / "mirror"
+    src, tgt = sample_pairs("train")
+    write_hub_split(mirror / "en-it" / "train-00000-of-00001.parquet", src, tgt)
+    write_hub_split(mirror / "en-it" / "validation-00000-of-00001.parquet", src[:9], tgt[:9])
+    monkeypatch.setattr(corpus, "corpus_files", lambda cfg: None)  # as for hf:// paths
+    cfg = make_cfg(tmp_path, name="opus100", hub_local_dir=str(mirror))
+    assert not prepare_data(cfg).from_cache
+    assert prepare_data(cfg).from_cache
+    write_hub_split(mirror / "en-it" / "train-00000-of-00001.parquet", src[1:], tgt[1:])
+    assert len(prepare_data(cfg).train) == len(src) - 1
 
 
 def test_hub_paths_point_at_the_parquet_revision() -> None:
@@ -188,6 +205,10 @@ def test_hub_paths_point_at_the_parquet_revision() -> None:
     )
     opus = hub_data_files(DataConfig(name="opus100"), "train")
     assert "hf://datasets/Helsinki-NLP/opus-100@main/en-it/train-*.parquet" in opus
+    # and huggingface_hub reads the encoded revision back (no network involved)
+    parsed = parse_hf_uri(iwslt[0])
+    assert (parsed.id, parsed.revision) == ("IWSLT/iwslt2017", "refs/convert/parquet")
+    assert parsed.path_in_repo == "iwslt2017-it-en/validation/*.parquet"
 
 
 # --- cleaning ------------------------------------------------------------------------

@@ -89,7 +89,13 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         raw = corpus.load_corpus(cfg)
     with timer("clean"):
         splits, dropped = _clean(raw)
-    key = key or _content_key(cfg, splits)
+    if key is None:  # a remote hub corpus: key on its text, now that it is loaded
+        key = _content_key(cfg, splits)
+        cached = _load_prepared(cfg, key)
+        if cached is not None:
+            log.info("reusing prepared data %s", cached.path)
+            cached.stats["seconds"] = timer.seconds
+            return cached
     with timer("vocabulary"):
         tokenizer, spm_path = load_or_train_tokenizer(
             iter_sides(splits["train"].src, splits["train"].tgt),
