@@ -1,0 +1,136 @@
+"""Training throughput: this trainer's step against a plain `torch.nn.Transformer` step.
+
+Both models have the same size (configs/model/small.yaml by default), see the same
+bucketed Tatoeba batches in the same order, and take a full step: forward, label-smoothed
+loss, backward, gradient clipping, Adam. The two are timed in one process, alternating
+rounds, so that the machine's noise hits both alike. Prints target tokens/s and the ratio,
+in fp32 and bf16 autocast.
+
+    python scripts/bench_train.py                      # small model, fp32 and bf16
+    python scripts/bench_train.py --model base --steps 10 --precisions bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import nn
+
+from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
+from transformer.config import DataConfig, ModelConfig, to_dataclass
+from transformer.data import prepare_data
+from transformer.layers import sinusoid_table
+from transformer.loss import label_smoothed_nll
+from transformer.model import build_model, count_parameters
+from transformer.runtime import autocast
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+class TorchTransformerMT(nn.Module):
+    """What a `torch.nn.Transformer` user writes: embeddings, positions, nn.Transformer, output."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.register_buffer("positions", sinusoid_table(cfg.max_len, cfg.d_model))
+        self.transformer = nn.Transformer(
+            cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
+            cfg.dropout, batch_first=True, norm_first=cfg.pre_norm)
+        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.out.weight = self.embed.weight
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.embed(ids) * self.cfg.d_model**0.5 + self.positions[: ids.size(1)])
+
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+        src_pad, tgt_pad = src_ids == self.cfg.pad_id, tgt_in_ids == self.cfg.pad_id
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in_ids.size(1), device=src_ids.device)
+        h = self.transformer(self._embed(src_ids), self._embed(tgt_in_ids), tgt_mask=causal,
+                             src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+                             memory_key_padding_mask=src_pad, tgt_is_causal=True)
+        return self.out(h)
+
+
+def ours_loss(model, batch: Batch, eps: float) -> torch.Tensor:
+    loss, _ = label_smoothed_nll(model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, eps, batch.pad_id)
+    return loss
+
+
+def torch_loss(model, batch: Batch, eps: float) -> torch.Tensor:
+    logits = model(batch.src_ids, batch.tgt_in_ids)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out_ids.flatten(),
+                           ignore_index=batch.pad_id, label_smoothing=eps, reduction="sum")
+
+
+def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str) -> tuple[float, int]:
+    """Full training steps over `batches`; returns (seconds, target tokens)."""
+    model.train()
+    tokens, t0 = 0, time.perf_counter()
+    for batch in batches:
+        n = batch.n_tgt_tokens
+        with autocast(precision, torch.device("cpu")):
+            loss = loss_fn(model, batch, 0.1)
+        (loss / n).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens += n
+    return time.perf_counter() - t0, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="small", help="a configs/model/*.yaml name")
+    ap.add_argument("--data", default="tatoeba", help="a configs/data/*.yaml name")
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=20, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data_cfg = to_dataclass(DataConfig, OmegaConf.load(CONFIGS / "data" / f"{args.data}.yaml"))
+    data = prepare_data(data_cfg)
+    tok = data.tokenizer
+    model_cfg = to_dataclass(ModelConfig, OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    train = data.train.select_columns(["src_ids", "tgt_ids"])
+    sampler = TokenBatchSampler(*token_lengths(train), max_tokens=args.max_tokens, seed=1)
+    batches = [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id)
+               for idx in sampler.batches(0)[: args.steps]]
+    print(f"model={args.model} vocab={tok.vocab_size} threads={torch.get_num_threads()} "
+          f"batches={len(batches)} x ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens")
+    print(f"parameters: this trainer {count_parameters(build_model(model_cfg)):,}, "
+          f"nn.Transformer {count_parameters(TorchTransformerMT(model_cfg)):,} (its final LayerNorms)")
+    print(f"{'precision':<10}{'this trainer tok/s':>20}{'nn.Transformer tok/s':>22}{'ratio':>8}")
+    for precision in args.precisions:
+        torch.manual_seed(0)
+        ours = build_model(model_cfg)
+        base = TorchTransformerMT(model_cfg)
+        runs = {"ours": (ours, ours_loss), "torch": (base, torch_loss)}
+        opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+                for k, (m, _) in runs.items()}
+        for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
+            run_steps(m, fn, opts[k], batches[:3], precision)
+        rates: dict[str, list[float]] = {"ours": [], "torch": []}
+        for _ in range(args.rounds):
+            for k, (m, fn) in runs.items():
+                secs, toks = run_steps(m, fn, opts[k], batches, precision)
+                rates[k].append(toks / secs)
+        o, t = statistics.median(rates["ours"]), statistics.median(rates["torch"])
+        print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

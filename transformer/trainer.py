@@ -1,0 +1,283 @@
+"""The training loop: updates, mixed precision, validation, checkpoints and exact resume.
+
+Shapes: B batch, S source length, T target length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import contextlib
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import sacrebleu
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from transformer import checkpoint as ckpt
+from transformer.config import TrainConfig
+from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
+from transformer.data import PreparedData
+from transformer.loss import label_smoothed_nll
+from transformer.model import Transformer
+from transformer.optim import build_optimizer, build_scheduler
+from transformer.runtime import DistInfo, autocast, rng_state, set_rng_state
+from transformer.translate import translate_lines
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0  # optimizer updates applied
+    epoch: int = 0
+    batch_index: int = 0  # next batch of this rank's shard in `epoch`
+    skipped_steps: int = 0  # updates dropped for non-finite gradients
+    best_bleu: float = -1.0
+    bad_validations: int = 0  # validations since the best dev BLEU (early stopping)
+    train_seconds: float = 0.0
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, run_config_yaml: str, data: PreparedData,
+                 model: Transformer, device: torch.device, dist_info: DistInfo) -> None:
+        self.cfg, self.tc = cfg, cfg.trainer
+        self.run_config_yaml = run_config_yaml
+        self.data, self.tokenizer = data, data.tokenizer
+        self.model, self.device, self.dist = model, device, dist_info
+        self.run_dir = Path(self.tc.run_dir)
+        self.optimizer = build_optimizer(model, cfg.optim, device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
+        self.state = TrainState()
+        self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
+        self.sampler = TokenBatchSampler(
+            *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
+            rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
+        )
+        self.net: torch.nn.Module = model  # what forward runs through: DDP and/or compiled
+        if dist_info.world_size > 1:
+            self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if self.tc.compile:
+            self.net = torch.compile(self.net)
+        self.writer = SummaryWriter(str(self.run_dir / "tb")) if dist_info.is_main else None
+        self.stop_signal: int | None = None
+
+    # ---- state ----------------------------------------------------------------------
+    def trainer_state(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": rng_state(),
+            "train_state": asdict(self.state),
+        }
+
+    def load_state(self, path: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer, schedule, RNGs, data position."""
+        weights, _ = ckpt.load_model(path, self.device)
+        self.model.load_state_dict(weights.state_dict())
+        state = ckpt.load_trainer_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        self.state = TrainState(**state["train_state"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step,
+                 self.state.epoch, self.state.batch_index)
+
+    def save(self, name: str, with_state: bool = True) -> Path | None:
+        if not self.dist.is_main:
+            return None
+        meta = {"step": self.state.step, "epoch": self.state.epoch,
+                "best_bleu": self.state.best_bleu, "train_seconds": self.state.train_seconds}
+        path = ckpt.save_checkpoint(
+            self.run_dir / "checkpoints" / name, self.model, self.tokenizer,
+            self.run_config_yaml, meta, self.trainer_state() if with_state else None)
+        if name.startswith("step_"):
+            ckpt.prune_checkpoints(self.run_dir, self.tc.keep_last)
+        return path
+
+    # ---- one update -----------------------------------------------------------------
+    def _micro_batches(self):
+        """Endless (epoch, index, Batch) stream of this rank's shard from the saved position."""
+        while True:
+            epoch = self.state.epoch
+            batches = self.sampler.batches(epoch)
+            for index in range(self.state.batch_index, len(batches)):
+                batch = collate(self.train_ids[batches[index]], self.tokenizer.pad_id, self.tokenizer.bos_id,
+                                self.tokenizer.eos_id)
+                yield epoch, index, batch
+            self.state.epoch, self.state.batch_index = epoch + 1, 0
+
+    def train_step(self, batches: list[Batch]) -> dict[str, float]:
+        """One optimizer update over `batches` (gradient accumulation). Returns metrics."""
+        self.net.train()
+        n_tokens = sum(b.n_tgt_tokens for b in batches)
+        loss_sum = nll_sum = 0.0
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            sync = i == len(batches) - 1 or not isinstance(self.net, DistributedDataParallel)
+            ctx = contextlib.nullcontext() if sync else self.net.no_sync()
+            with ctx:
+                with autocast(self.tc.precision, self.device):
+                    logits = self.net(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
+                loss, nll = label_smoothed_nll(logits, batch.tgt_out_ids,
+                                               self.cfg.optim.label_smoothing, self.tokenizer.pad_id)
+                self.scaler.scale(loss / n_tokens).backward()
+            loss_sum += loss.item()
+            nll_sum += nll.item()
+        self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.optim.clip_norm if self.cfg.optim.clip_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        applied = math.isfinite(grad_norm)
+        if applied:
+            self.scaler.step(self.optimizer)
+            self.scheduler.step()
+            self.state.step += 1
+        else:  # an inf/NaN gradient: never applied, only counted
+            self.state.skipped_steps += 1
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_sum / max(n_tokens, 1), "nll": nll_sum / max(n_tokens, 1),
+                "grad_norm": grad_norm, "tokens": n_tokens, "applied": float(applied)}
+
+    # ---- validation -----------------------------------------------------------------
+    @torch.inference_mode()
+    def validate(self) -> dict[str, float]:
+        """Dev loss and perplexity (teacher forcing), greedy BLEU and chrF (rank 0 only)."""
+        self.model.eval()
+        dev = self.data.dev
+        sampler = TokenBatchSampler(*token_lengths(dev), max_tokens=self.tc.val_max_tokens,
+                                    seed=0, shuffle=False)
+        loss_sum = nll_sum = n_tokens = 0.0
+        for idx in sampler.batches(0):
+            batch = collate(dev[idx], self.tokenizer.pad_id, self.tokenizer.bos_id,
+                            self.tokenizer.eos_id).to(self.device)
+            with autocast(self.tc.precision, self.device):
+                logits = self.model(batch.src_ids, batch.tgt_in_ids)
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out_ids,
+                                           self.cfg.optim.label_smoothing, self.tokenizer.pad_id)
+            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+            n_tokens += batch.n_tgt_tokens
+        n = min(self.tc.val_bleu_sentences, len(dev))
+        src, refs = dev["src"][:n], dev["tgt"][:n]
+        hyps = translate_lines(self.model, self.tokenizer, src, self.cfg.decode, self.device)
+        metrics = {
+            "loss": loss_sum / n_tokens, "nll": nll_sum / n_tokens,
+            "ppl": math.exp(min(nll_sum / n_tokens, 50.0)),
+            "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
+        }
+        if self.writer is not None:
+            for k, v in metrics.items():
+                self.writer.add_scalar(f"dev/{k}", v, self.state.step)
+            examples = "\n\n".join(f"    src: {s}\n    ref: {r}\n    hyp: {h}"
+                                   for s, r, h in list(zip(src, refs, hyps))[:5])
+            self.writer.add_text("dev/translations", examples, self.state.step)
+        return metrics
+
+    def _after_validation(self, metrics: dict[str, float]) -> bool:
+        """Keep the best checkpoint by dev BLEU; return True when patience runs out."""
+        s = self.state
+        if metrics["bleu"] > s.best_bleu:
+            s.best_bleu, s.bad_validations = metrics["bleu"], 0
+            self.save("best", with_state=False)
+        else:
+            s.bad_validations += 1
+        log.info("step %d dev: loss %.3f ppl %.2f BLEU %.2f chrF %.2f (best %.2f)", s.step,
+                 metrics["loss"], metrics["ppl"], metrics["bleu"], metrics["chrf"], s.best_bleu)
+        return self.tc.patience is not None and s.bad_validations >= self.tc.patience
+
+    # ---- the loop -------------------------------------------------------------------
+    def fit(self) -> TrainState:
+        """Train until max_steps (or max_epochs, early stopping, SIGINT/SIGTERM)."""
+        tc, s = self.tc, self.state
+        stream = self._micro_batches()
+        bar = tqdm(total=tc.max_steps, initial=s.step, dynamic_ncols=True, desc="train",
+                   disable=not (tc.progress and self.dist.is_main))
+        self._install_signal_handlers()
+        window_tokens, window_start = 0, time.perf_counter()
+        early_stop = interrupted = False
+        while s.step < tc.max_steps:
+            t0 = time.perf_counter()
+            micro = [next(stream) for _ in range(tc.accum_steps)]
+            epoch, index, _ = micro[-1]
+            if tc.max_epochs is not None and epoch >= tc.max_epochs:
+                break
+            metrics = self.train_step([b for _, _, b in micro])
+            s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
+            s.train_seconds += time.perf_counter() - t0
+            window_tokens += metrics["tokens"]
+            if not metrics["applied"]:
+                continue
+            bar.update(1)
+            if s.step % tc.log_every == 0:
+                tok_s = window_tokens * self.dist.world_size / (time.perf_counter() - window_start)
+                self._log_train(metrics, tok_s)
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tok_s:,.0f}", epoch=epoch,
+                                lr=f"{self.scheduler.get_last_lr()[0]:.1e}")
+                window_tokens, window_start = 0, time.perf_counter()
+            if s.step % tc.val_every == 0:
+                early_stop = self._validate_and_save()
+            elif tc.save_every and s.step % tc.save_every == 0:
+                self.save(f"step_{s.step}")
+            early_stop, interrupted = self._agree(early_stop, self.stop_signal is not None)
+            if early_stop or interrupted:
+                break
+        if interrupted:
+            log.warning("interrupted: saving a checkpoint at step %d and exiting", s.step)
+        saved = ckpt.step_checkpoints(self.run_dir)
+        if not saved or saved[-1].name != f"step_{s.step}":
+            if interrupted:
+                self.save(f"step_{s.step}")
+            else:
+                self._validate_and_save()
+        bar.close()
+        if self.writer is not None:
+            self.writer.close()
+        return s
+
+    def _validate_and_save(self) -> bool:
+        stop = False
+        if self.dist.is_main:
+            stop = self._after_validation(self.validate())
+        self.save(f"step_{self.state.step}")
+        return stop
+
+    def _agree(self, early_stop: bool, interrupted: bool) -> tuple[bool, bool]:
+        """All ranks stop together: if any rank was signalled, or rank 0 stops early."""
+        if self.dist.world_size == 1:
+            return early_stop, interrupted
+        flags = torch.tensor([float(early_stop), float(interrupted)], device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), bool(flags[1])
+
+    def _log_train(self, metrics: dict[str, float], tok_s: float) -> None:
+        if self.writer is None:
+            return
+        step, w = self.state.step, self.writer
+        w.add_scalar("train/loss", metrics["loss"], step)
+        w.add_scalar("train/nll", metrics["nll"], step)
+        w.add_scalar("train/lr", self.scheduler.get_last_lr()[0], step)
+        w.add_scalar("train/grad_norm", metrics["grad_norm"], step)
+        w.add_scalar("train/tokens_per_s", tok_s, step)
+        w.add_scalar("train/skipped_steps", self.state.skipped_steps, step)
+        w.add_scalar("train/epoch", self.state.epoch, step)
+        if self.device.type == "cuda":
+            w.add_scalar("train/gpu_mem_gb", torch.cuda.max_memory_allocated(self.device) / 2**30, step)
+
+    def _install_signal_handlers(self) -> None:
+        """SIGINT/SIGTERM finish the current update, save a checkpoint and exit cleanly."""
+        def handler(signum, frame):
+            self.stop_signal = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
