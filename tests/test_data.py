@@ -33,7 +33,8 @@ from transformer.corpus import (
     normalize,
     read_lines,
 )
-from transformer.data import format_statistics, load_test_set, prepare_data
+from transformer.data import load_test_set, prepare_data
+from transformer.prepare import format_statistics
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
@@ -335,9 +336,8 @@ def test_second_run_reuses_everything_until_the_corpus_changes(tmp_path, monkeyp
     assert second.stats["splits"] == first.stats["splits"]
 
     # batching settings do not invalidate the cache
-    assert prepare_data(
-        make_cfg(**{**cfg.__dict__, "max_tokens": 999}, tmp_path=tmp_path)
-    ).from_cache
+    rebatched = prepare_data(make_cfg(tmp_path, **{**cfg.__dict__, "max_tokens": 999}))
+    assert rebatched.from_cache and rebatched.stats["batching"]["max_tokens"] == 999
 
     write_plain_pair(
         tmp_path / "c", "train", [*src[:-1], "Una frase nuova."], [*tgt[:-1], "A new sentence."]

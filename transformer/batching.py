@@ -227,3 +227,17 @@ def padding_efficiency(
         real += int(s.sum() + t.sum())
         padded += len(b) * int(s.max() + t.max())
     return real / padded if padded else 1.0
+
+
+def batching_statistics(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, bucket_chunk: int
+) -> dict:
+    """Batches per epoch, pairs per batch and padding efficiency of epoch 0."""
+    sampler = TokenBatchSampler(src_lens, tgt_lens, max_tokens, seed=0, bucket_chunk=bucket_chunk)
+    batches = sampler.batches(0)
+    return {
+        "max_tokens": max_tokens,
+        "batches_per_epoch": len(batches),
+        "mean_pairs_per_batch": round(len(src_lens) / len(batches), 1),
+        "padding_efficiency": round(padding_efficiency(batches, src_lens, tgt_lens), 4),
+    }

@@ -24,7 +24,7 @@ from pathlib import Path
 import datasets
 
 from transformer import corpus
-from transformer.batching import TokenBatchSampler, padding_efficiency, token_lengths
+from transformer.batching import batching_statistics, token_lengths
 from transformer.config import DataConfig
 from transformer.corpus import DataError, Pairs, resolve
 from transformer.tokenizer import Tokenizer, iter_sides, load_or_train_tokenizer
@@ -77,29 +77,38 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     """
     timer = _Timer()
     key = _source_key(cfg)
-    if key is not None:
-        with timer("load cached"):
-            cached = _load_prepared(cfg, key)
-        if cached is not None:
-            log.info("reusing prepared data %s", cached.path)
-            cached.stats["seconds"] = timer.seconds
-            return cached
+    with timer("load cached"):
+        prepared = _load_prepared(cfg, key) if key else None
+    if prepared is None:
         del timer.seconds["load cached"]
-    with timer("load"):
-        raw = corpus.load_corpus(cfg)
-    with timer("clean"):
-        splits, dropped = _clean(raw)
-    if key is None:  # a remote hub corpus: key on its text, now that it is loaded
-        key = _content_key(cfg, splits)
-        cached = _load_prepared(cfg, key)
-        if cached is not None:
-            log.info("reusing prepared data %s", cached.path)
-            cached.stats["seconds"] = timer.seconds
-            return cached
+        with timer("load"):
+            raw = corpus.load_corpus(cfg)
+        with timer("clean"):
+            splits, dropped = _clean(raw)
+        if key is None:  # a remote hub corpus: key on its text, now that it is loaded
+            key = _content_key(cfg, splits)
+            prepared = _load_prepared(cfg, key)
+        if prepared is None:
+            stats = {"raw_pairs": {k: len(v) for k, v in raw.items()}, "dropped": dropped}
+            prepared = _build(cfg, key, splits, stats, timer)
+    if prepared.from_cache:
+        log.info("reusing prepared data %s", prepared.path)
+    with timer("batching"):  # batching settings are not part of the cache key
+        lengths = token_lengths(prepared.train)
+        prepared.stats["batching"] = batching_statistics(*lengths, cfg.max_tokens, cfg.bucket_chunk)
+    prepared.stats["seconds"] = timer.seconds
+    return prepared
+
+
+def _build(
+    cfg: DataConfig, key: str, splits: dict[str, Pairs], stats: dict, timer: _Timer
+) -> PreparedData:
+    """Vocabulary, encoding, length filters; saved under the cache key and reopened."""
+    train = splits["train"]
     with timer("vocabulary"):
         tokenizer, spm_path = load_or_train_tokenizer(
-            iter_sides(splits["train"].src, splits["train"].tgt),
-            corpus.digest(splits["train"]),
+            iter_sides(train.src, train.tgt),
+            corpus.digest(train),
             resolve(cfg.cache_dir),
             cfg.vocab_size,
             cfg.spm_model_type,
@@ -109,21 +118,14 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     with timer("encode"):
         encoded = {name: encode(pairs, tokenizer, cfg.num_proc) for name, pairs in splits.items()}
     with timer("filter"):
-        encoded["train"] = _length_filter(encoded["train"], cfg, dropped, splits["train"].origin)
+        encoded["train"] = _length_filter(encoded["train"], cfg, stats["dropped"], train.origin)
     with timer("save"):
-        _save_prepared(cfg, key, encoded, spm_path)
+        stats.update(corpus_statistics(encoded, tokenizer))
+        _save_prepared(cfg, key, encoded, spm_path, stats)
         # reopen the saved copy: memory-mapped, and identical to what a cached run returns
         prepared = _load_prepared(cfg, key)
-        assert prepared is not None
-    with timer("statistics"):
-        stats = {"raw_pairs": {k: len(v) for k, v in raw.items()}, "dropped": dropped}
-        stats.update(
-            corpus_statistics({"train": prepared.train, "dev": prepared.dev}, tokenizer, cfg)
-        )
-        assert prepared.path is not None
-        (prepared.path / "stats.json").write_text(json.dumps(stats, indent=1))
-    stats["seconds"] = timer.seconds
-    prepared.stats, prepared.from_cache = stats, False
+    assert prepared is not None
+    prepared.from_cache = False
     return prepared
 
 
@@ -190,10 +192,8 @@ def _length_filter(
 # --- statistics ----------------------------------------------------------------------
 
 
-def corpus_statistics(
-    splits: dict[str, datasets.Dataset], tokenizer: Tokenizer, cfg: DataConfig
-) -> dict:
-    """Pairs, tokens, mean/max lengths per split, vocabulary size and padding efficiency."""
+def corpus_statistics(splits: dict[str, datasets.Dataset], tokenizer: Tokenizer) -> dict:
+    """Pairs, tokens, mean/max lengths per split, and the vocabulary size (see prepare.py)."""
     stats: dict = {"vocab_size": tokenizer.vocab_size, "splits": {}}
     for name, ds in splits.items():
         src, tgt = token_lengths(ds)
@@ -206,41 +206,7 @@ def corpus_statistics(
             "src_max_len": int(src.max()),
             "tgt_max_len": int(tgt.max()),
         }
-    src, tgt = token_lengths(splits["train"])
-    sampler = TokenBatchSampler(src, tgt, cfg.max_tokens, seed=0, bucket_chunk=cfg.bucket_chunk)
-    batches = sampler.batches(0)
-    stats["batching"] = {
-        "max_tokens": cfg.max_tokens,
-        "batches_per_epoch": len(batches),
-        "mean_pairs_per_batch": round(len(src) / len(batches), 1),
-        "padding_efficiency": round(padding_efficiency(batches, src, tgt), 4),
-    }
     return stats
-
-
-def format_statistics(stats: dict) -> str:
-    """The statistics of `prepare_data` as a small human-readable report."""
-    lines = [f"vocabulary: {stats['vocab_size']} pieces"]
-    for name, s in stats["splits"].items():
-        raw = stats.get("raw_pairs", {}).get(name, "?")
-        dropped = ", ".join(f"{k} {v}" for k, v in stats.get("dropped", {}).get(name, {}).items())
-        lines.append(
-            f"{name}: {s['pairs']} pairs (of {raw}; dropped: {dropped}) | tokens src {s['src_tokens']} "
-            f"tgt {s['tgt_tokens']} | mean len {s['src_mean_len']}/{s['tgt_mean_len']} "
-            f"| max len {s['src_max_len']}/{s['tgt_max_len']}"
-        )
-    b = stats["batching"]
-    lines.append(
-        f"batching at max_tokens={b['max_tokens']}: {b['batches_per_epoch']} batches/epoch, "
-        f"{b['mean_pairs_per_batch']} pairs/batch, padding efficiency {b['padding_efficiency']:.1%}"
-    )
-    seconds = stats.get("seconds", {})
-    lines.append(
-        "seconds: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items())
-        + f" (total {sum(seconds.values()):.2f})"
-    )
-    return "\n".join(lines)
 
 
 # --- cache ---------------------------------------------------------------------------
@@ -280,7 +246,7 @@ def _content_key(cfg: DataConfig, splits: dict[str, Pairs]) -> str:
 
 
 def _save_prepared(
-    cfg: DataConfig, key: str, splits: dict[str, datasets.Dataset], spm_path: Path
+    cfg: DataConfig, key: str, splits: dict[str, datasets.Dataset], spm_path: Path, stats: dict
 ) -> Path:
     """Save to a temporary folder, then rename, so a half-written cache is never read."""
     final = resolve(cfg.cache_dir) / f"prepared-{key}"
@@ -288,6 +254,7 @@ def _save_prepared(
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     for name, ds in splits.items():
         ds.save_to_disk(str(tmp / name))
+    (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
     (tmp / "meta.json").write_text(
         json.dumps({"tokenizer": spm_path.name, "settings": _settings(cfg)})
     )

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from transformer.config import DataConfig, to_dataclass
 from transformer.corpus import PROJECT_ROOT
-from transformer.data import format_statistics, prepare_data
+from transformer.data import prepare_data
 
 
 # An absolute path: with a relative one Hydra looks for a `configs` Python package whenever
@@ -23,6 +23,31 @@ def main(cfg: DictConfig) -> None:
     source = "reused from" if prepared.from_cache else "saved to"
     print(f"{data_cfg.name}: prepared data {source} {prepared.path}")
     print(format_statistics(prepared.stats))
+
+
+def format_statistics(stats: dict) -> str:
+    """The statistics of `prepare_data` as a small human-readable report."""
+    lines = [f"vocabulary: {stats['vocab_size']} pieces"]
+    for name, s in stats["splits"].items():
+        raw = stats.get("raw_pairs", {}).get(name, "?")
+        dropped = ", ".join(f"{k} {v}" for k, v in stats.get("dropped", {}).get(name, {}).items())
+        lines.append(
+            f"{name}: {s['pairs']} pairs (of {raw}; dropped: {dropped}) | tokens src {s['src_tokens']} "
+            f"tgt {s['tgt_tokens']} | mean len {s['src_mean_len']}/{s['tgt_mean_len']} "
+            f"| max len {s['src_max_len']}/{s['tgt_max_len']}"
+        )
+    b = stats["batching"]
+    lines.append(
+        f"batching at max_tokens={b['max_tokens']}: {b['batches_per_epoch']} batches/epoch, "
+        f"{b['mean_pairs_per_batch']} pairs/batch, padding efficiency {b['padding_efficiency']:.1%}"
+    )
+    seconds = stats.get("seconds", {})
+    lines.append(
+        "seconds: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items())
+        + f" (total {sum(seconds.values()):.2f})"
+    )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
