@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +93,27 @@ def test_cache_reuses_until_the_corpus_changes(tmp_path, monkeypatch) -> None:
     _, path4 = load_or_train_tokenizer(sentences, "digest-a", tmp_path, vocab_size=120)
     assert len(calls) == 3  # a changed corpus and a changed setting both retrain
     assert len({path1, path3, path4}) == 3
+
+
+def test_training_on_a_sample_is_reproducible_across_processes(tmp_path) -> None:
+    """SentencePiece's own input sampling is not; the tokenizer samples the input itself."""
+    script = (
+        "import hashlib, sys\n"
+        "from transformer.tokenizer import train_tokenizer\n"
+        "lines = open(sys.argv[1], encoding='utf-8').read().splitlines()\n"
+        "tok = train_tokenizer(lines, vocab_size=150, input_sentence_size=300)\n"
+        "print(hashlib.sha256(tok.proto).hexdigest())\n"
+    )
+    env = {"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sample_sentences()) + "\n", encoding="utf-8")
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(corpus)], env=env, capture_output=True, text=True
+        )
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout
+    here = train_tokenizer(sample_sentences(), vocab_size=150, input_sentence_size=300)
+    assert runs[0].stdout.strip() == hashlib.sha256(here.proto).hexdigest()

@@ -53,7 +53,7 @@ class PreparedData:
     tokenizer: Tokenizer
     train: datasets.Dataset
     dev: datasets.Dataset
-    stats: dict = field(default_factory=dict)  # see `format_statistics`
+    stats: dict = field(default_factory=dict)  # see `prepare.format_statistics`
     path: Path | None = None  # the cache folder it was saved to / loaded from
     from_cache: bool = False
 

@@ -12,6 +12,7 @@ import hashlib
 import io
 import logging
 import os
+import random
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ BOS_ID = 2
 EOS_ID = 3
 
 # Bump when the training recipe below changes, so cached vocabularies are not reused.
-_RECIPE_VERSION = "1"
+_RECIPE_VERSION = "2"
 
 
 class Tokenizer:
@@ -114,11 +115,16 @@ def train_tokenizer(
     input_sentence_size: int = 1_000_000,
     seed: int = 0,
 ) -> Tokenizer:
-    """Train a SentencePiece model on `sentences` (both languages mixed)."""
+    """Train a SentencePiece model on `sentences` (both languages mixed).
+
+    At most `input_sentence_size` sentences are used, a seeded random sample: drawn here,
+    because SentencePiece's own sampling differs from one process to the next even with
+    `set_random_generator_seed`, and the same corpus should give the same vocabulary.
+    """
     model = io.BytesIO()
-    spm.set_random_generator_seed(seed)  # input sampling is random: make it repeatable
+    spm.set_random_generator_seed(seed)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
+        sentence_iterator=iter(_reservoir_sample(sentences, input_sentence_size, seed)),
         model_writer=model,
         vocab_size=vocab_size,
         model_type=model_type,
@@ -136,6 +142,20 @@ def train_tokenizer(
         minloglevel=2,
     )
     return Tokenizer.from_proto(model.getvalue())
+
+
+def _reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:
+    """A uniform random sample of k items in one pass (Algorithm R), in input order."""
+    rng = random.Random(seed)
+    sample: list[tuple[int, str]] = []
+    for i, item in enumerate(items):
+        if i < k:
+            sample.append((i, item))
+        else:
+            j = rng.randrange(i + 1)
+            if j < k:
+                sample[j] = (i, item)
+    return [item for _, item in sorted(sample)]
 
 
 def tokenizer_key(
