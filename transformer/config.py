@@ -87,6 +87,7 @@ class TrainerConfig:
 
     max_steps: int = 100_000  # optimizer updates
     max_epochs: int | None = None
+    max_hours: float | None = None  # stop after this much training time (fairseq --stop-time-hours)
     accum_steps: int = 1  # gradient accumulation
     precision: str = "fp32"  # fp32 | bf16 | fp16
     device: str = "auto"  # auto | cpu | cuda | cuda:N

@@ -21,9 +21,14 @@ from transformer.config import TrainConfig, to_dataclass
 from transformer.corpus import PROJECT_ROOT
 from transformer.data import prepare_data
 from transformer.model import build_model, count_parameters
-from transformer.runtime import (check_precision, enable_fast_cuda_math, seed_everything,
-                                 setup_distributed, setup_logging)
-from transformer.trainer import Trainer, TrainState
+from transformer.runtime import (
+    check_precision,
+    enable_fast_cuda_math,
+    seed_everything,
+    setup_distributed,
+    setup_logging,
+)
+from transformer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +43,8 @@ def find_resume_point(run_dir: Path, resume: str) -> Path | None:
     return Path(resume)
 
 
-def train(cfg: TrainConfig, run_config_yaml: str) -> TrainState:
-    """Run training as described by cfg; returns the final TrainState."""
+def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
+    """Run training as described by cfg; returns the trainer (its model and final state)."""
     dist_info, device = setup_distributed(cfg.trainer.device)
     run_dir = Path(cfg.trainer.run_dir)
     setup_logging(run_dir / "train.log", dist_info.is_main)
@@ -75,7 +80,7 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> TrainState:
              state.step, state.epoch, state.best_bleu, state.skipped_steps)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return state
+    return trainer
 
 
 @hydra.main(config_path=str(PROJECT_ROOT / "configs"), config_name="train", version_base="1.3")

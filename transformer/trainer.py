@@ -5,9 +5,9 @@ Shapes: B batch, S source length, T target length, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import contextlib
 import signal
 import time
 from dataclasses import asdict, dataclass
@@ -21,8 +21,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer import checkpoint as ckpt
-from transformer.config import TrainConfig
 from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
+from transformer.config import TrainConfig
 from transformer.data import PreparedData
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer
@@ -199,7 +199,7 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------
     def fit(self) -> TrainState:
-        """Train until max_steps (or max_epochs, early stopping, SIGINT/SIGTERM)."""
+        """Train until max_steps (or max_epochs, max_hours, early stopping, SIGINT/SIGTERM)."""
         tc, s = self.tc, self.state
         stream = self._micro_batches()
         bar = tqdm(total=tc.max_steps, initial=s.step, dynamic_ncols=True, desc="train",
@@ -212,6 +212,9 @@ class Trainer:
             micro = [next(stream) for _ in range(tc.accum_steps)]
             epoch, index, _ = micro[-1]
             if tc.max_epochs is not None and epoch >= tc.max_epochs:
+                break
+            if tc.max_hours is not None and s.train_seconds >= tc.max_hours * 3600:
+                log.info("max_hours=%s reached at step %d", tc.max_hours, s.step)
                 break
             metrics = self.train_step([b for _, _, b in micro])
             s.epoch, s.batch_index = epoch, index + 1  # position of the next batch

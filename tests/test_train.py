@@ -1,0 +1,221 @@
+"""mt-train: end to end, exact resume, DDP, skipped non-finite steps, safe checkpoints, configs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer import checkpoint as ckpt
+from transformer.config import TrainConfig, to_dataclass
+from transformer.corpus import PROJECT_ROOT
+from transformer.train import train
+from transformer.trainer import Trainer
+
+CONFIGS = PROJECT_ROOT / "configs"
+DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_threads=1"]
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def run(tmp: Path, *overrides: str) -> Trainer:
+    cfg = compose_cfg(*DEBUG, f"trainer.run_dir={tmp}", f"data.cache_dir={tmp.parent / 'cache'}",
+                      *overrides)
+    return train(to_dataclass(TrainConfig, cfg), OmegaConf.to_yaml(cfg))
+
+
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path):
+    trainer = run(tmp_path / "run")
+    run_dir = tmp_path / "run"
+    assert trainer.state.step == 20
+    saved = ckpt.step_checkpoints(run_dir)
+    assert saved and saved[-1].name == "step_20"
+    model, tokenizer = ckpt.load_model(saved[-1])
+    for a, b in zip(model.state_dict().values(), trainer.model.state_dict().values()):
+        torch.testing.assert_close(a, b.cpu(), rtol=0, atol=0)
+    assert tokenizer.vocab_size == model.cfg.vocab_size
+    assert (run_dir / "checkpoints" / "best" / "model.safetensors").is_file()
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "train.log").is_file()
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert [s for s, _ in scalars(run_dir, "dev/bleu")] == [10, 20]
+    assert scalars(run_dir, "train/loss")[-1][1] < scalars(run_dir, "train/loss")[0][1]
+
+
+def test_console_command_runs(tmp_path):
+    """The real `python -m transformer.train` entry point, as a user types it."""
+    cmd = [sys.executable, "-m", "transformer.train", *DEBUG, "trainer.max_steps=3",
+           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "step_3" / "model.safetensors").is_file()
+    assert not (tmp_path / "outputs").exists()  # Hydra leaves no litter in the working dir
+
+
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
+    common = ["trainer.log_every=1", "trainer.val_every=100", "trainer.resume=auto"]
+    run(tmp_path / "straight", *common, "trainer.max_steps=8")
+    run(tmp_path / "split", *common, "trainer.max_steps=4")
+    resumed = run(tmp_path / "split", *common, "trainer.max_steps=8")
+    assert resumed.state.step == 8  # a resumed run reaches max_steps, never quits early
+    straight = scalars(tmp_path / "straight", "train/loss")
+    split = scalars(tmp_path / "split", "train/loss")
+    assert [s for s, _ in split] == list(range(1, 9))
+    assert split == straight
+
+
+def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, monkeypatch):
+    real_step = Trainer.train_step
+
+    def step_then_signal(self, batches):
+        out = real_step(self, batches)
+        if self.state.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        trainer = run(tmp_path / "run", "trainer.max_steps=50")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert trainer.state.step == 3
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path / "run")] == ["step_3"]
+    assert ckpt.load_trainer_state(tmp_path / "run" / "checkpoints" / "step_3")["train_state"]["step"] == 3
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_step_with_an_inf_gradient_is_skipped(tmp_path, precision):
+    trainer = run(tmp_path / "run", "trainer.max_steps=2", f"trainer.precision={precision}")
+    batches = [next(trainer._micro_batches())[2]]
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    opt_before = trainer.optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    handle = trainer.model.src_embed.weight.register_hook(lambda g: g * float("inf"))
+    metrics = trainer.train_step(batches)
+    handle.remove()
+    assert metrics["applied"] == 0.0 and trainer.state.skipped_steps == 1 and trainer.state.step == 2
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(trainer.optimizer.state_dict()["state"][0]["exp_avg"], opt_before)
+    assert trainer.train_step(batches)["applied"] == 1.0 and trainer.state.step == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 loss scaling needs CUDA")
+def test_fp16_step_with_an_inf_gradient_is_skipped_on_cuda(tmp_path):
+    trainer = run(tmp_path / "run", "trainer.max_steps=2", "trainer.precision=fp16", "trainer.device=cuda")
+    batches = [next(trainer._micro_batches())[2]]
+    scale = trainer.scaler.get_scale()
+    handle = trainer.model.src_embed.weight.register_hook(lambda g: g * float("inf"))
+    assert trainer.train_step(batches)["applied"] == 0.0
+    handle.remove()
+    assert trainer.scaler.get_scale() < scale and trainer.state.skipped_steps == 1
+
+
+def test_fp16_on_cpu_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        run(tmp_path / "run", "trainer.precision=fp16", "trainer.device=cpu")
+
+
+def test_an_interrupted_checkpoint_write_leaves_the_previous_one_loadable(tmp_path, monkeypatch):
+    trainer = run(tmp_path / "run", "trainer.max_steps=10")
+    good = ckpt.step_checkpoints(tmp_path / "run")[-1]
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("power cut while writing the trainer state")
+
+    monkeypatch.setattr(torch, "save", crash)
+    trainer.state.step = 11
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save("step_11")
+    monkeypatch.undo()
+    assert ckpt.step_checkpoints(tmp_path / "run")[-1] == good  # the half-written one is ignored
+    ckpt.load_model(good)
+    assert ckpt.load_trainer_state(good)["train_state"]["step"] == 10
+    # Overwriting an existing checkpoint is atomic too: the old copy survives a crash.
+    monkeypatch.setattr(torch, "save", crash)
+    trainer.state.step = 10
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save("step_10")
+    monkeypatch.undo()
+    assert ckpt.load_trainer_state(good)["train_state"]["step"] == 10
+
+
+def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint directory"):
+        ckpt.load_model(tmp_path / "nowhere")
+    run(tmp_path / "run", "trainer.max_steps=2")
+    path = ckpt.step_checkpoints(tmp_path / "run")[-1]
+    (path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ckpt.CheckpointError, match=r"model\.safetensors"):
+        ckpt.load_model(path)
+    (path / "trainer_state.pt").write_bytes(b"garbage")
+    with pytest.raises(ckpt.CheckpointError, match=r"trainer_state\.pt"):
+        ckpt.load_trainer_state(path)
+
+
+def test_two_process_gloo_ddp_ends_with_identical_parameters(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+           str(PROJECT_ROOT / "tests" / "ddp_worker.py"), str(tmp_path), *DEBUG, "trainer.max_steps=6",
+           "trainer.val_every=6", f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0, rank1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    assert rank0.keys() == rank1.keys()
+    for k in rank0:
+        assert torch.equal(rank0[k], rank1[k]), k
+    saved = ckpt.step_checkpoints(tmp_path / "run")
+    assert [p.name for p in saved] == ["step_6"]  # rank 0 alone writes checkpoints
+    model, _ = ckpt.load_model(saved[0])
+    for k, v in model.named_parameters():
+        assert torch.equal(v, rank0[k]), k
+
+
+def _experiments() -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", _experiments())
+def test_every_experiment_composes_into_a_valid_config(name):
+    cfg = to_dataclass(TrainConfig, compose_cfg(f"experiment={name}"))
+    assert cfg.trainer.run_dir.endswith(name)
+
+
+def test_debug_config_composes_with_a_tiny_model():
+    cfg = to_dataclass(TrainConfig, compose_cfg("debug=default"))
+    assert cfg.model.d_model <= 64 and cfg.trainer.device == "cpu"
+
+
+def test_command_line_overrides_reach_the_dataclasses():
+    cfg = to_dataclass(TrainConfig, compose_cfg("model=base", "trainer.precision=bf16", "optim.lr=5e-4"))
+    assert (cfg.model.d_model, cfg.trainer.precision, cfg.optim.lr) == (512, "bf16", 5e-4)
+
+
+def test_unknown_keys_and_wrong_types_fail_before_anything_runs():
+    with pytest.raises(Exception, match="lrr"):
+        compose_cfg("optim.lrr=1")
+    with pytest.raises(ValidationError, match="max_steps"):
+        to_dataclass(TrainConfig, compose_cfg("trainer.max_steps=many"))
+    bad = OmegaConf.to_container(compose_cfg())  # e.g. a typo in a model yaml
+    bad["model"]["d_modle"] = 3
+    with pytest.raises(ConfigKeyError, match="d_modle"):
+        to_dataclass(TrainConfig, bad)
