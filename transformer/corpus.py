@@ -14,12 +14,14 @@ import json
 import logging
 import os
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 import datasets
 import fsspec
+import numpy as np
 
 from transformer.config import DataConfig
 
@@ -274,21 +276,22 @@ def drop_empty(pairs: Pairs) -> tuple[Pairs, int]:
 
 
 def length_filter(
-    src_lens: list[int], tgt_lens: list[int], max_len: int, max_len_ratio: float
-) -> tuple[list[int], dict[str, int]]:
+    src_lens: Sequence[int] | np.ndarray,
+    tgt_lens: Sequence[int] | np.ndarray,
+    max_len: int,
+    max_len_ratio: float,
+) -> tuple[np.ndarray, dict[str, int]]:
     """Indices of pairs within `max_len` tokens per side and `max_len_ratio` of each other.
 
     Rules apply in order and each pair is counted under the first rule that drops it.
     """
-    keep, dropped = [], {"too_long": 0, "length_ratio": 0}
-    for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
-        if s > max_len or t > max_len:
-            dropped["too_long"] += 1
-        elif max(s, t) > max_len_ratio * max(1, min(s, t)):
-            dropped["length_ratio"] += 1
-        else:
-            keep.append(i)
-    return keep, dropped
+    src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)
+    too_long = (src > max_len) | (tgt > max_len)
+    bad_ratio = ~too_long & (
+        np.maximum(src, tgt) > max_len_ratio * np.maximum(1, np.minimum(src, tgt))
+    )
+    keep = np.flatnonzero(~too_long & ~bad_ratio)
+    return keep, {"too_long": int(too_long.sum()), "length_ratio": int(bad_ratio.sum())}
 
 
 def digest(pairs: Pairs) -> str:

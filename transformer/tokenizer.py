@@ -27,7 +27,7 @@ BOS_ID = 2
 EOS_ID = 3
 
 # Bump when the training recipe below changes, so cached vocabularies are not reused.
-_RECIPE_VERSION = "2"
+TOKENIZER_RECIPE = "2"
 
 
 class Tokenizer:
@@ -167,7 +167,7 @@ def tokenizer_key(
 ) -> str:
     """Cache key: the training text's digest plus every setting that shapes the model."""
     settings = (
-        f"{_RECIPE_VERSION}|{vocab_size}|{model_type}|{character_coverage}|{input_sentence_size}"
+        f"{TOKENIZER_RECIPE}|{vocab_size}|{model_type}|{character_coverage}|{input_sentence_size}"
     )
     return hashlib.sha256(f"{corpus_digest}|{settings}".encode()).hexdigest()[:16]
 
