@@ -73,11 +73,6 @@ class _Stepper:
         bos = model.cfg.bos_id
         self.tgt_ids = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, t+1)
 
-    def expand(self, k: int) -> None:
-        """Repeat every row k times (beams of one sentence are adjacent)."""
-        self.select(torch.arange(self.src_ids.size(0), device=self.src_ids.device)
-                    .repeat_interleave(k))
-
     def select(self, index: torch.Tensor) -> None:
         """Keep rows `index` (R',), in that order: beam selection and finished rows."""
         self.src_ids = self.src_ids.index_select(0, index)
@@ -86,30 +81,39 @@ class _Stepper:
         if self.cache is not None and len(self.cache):
             self.cache.reorder(index)
 
-    def log_probs(self) -> torch.Tensor:
-        """Log-probabilities (R, V), float32, of the token after the current prefix."""
+    def logits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next-token logits (R, V) and their logsumexp (R,), float32.
+
+        log p = logits - logsumexp; callers add the two only where they need to, which
+        saves a pass over (R, V) compared with log_softmax.
+        """
         if self.cache is None:
             logits = self.model.decode(self.tgt_ids, self.memory, self.src_ids)
         else:
             new = self.tgt_ids if not len(self.cache) else self.tgt_ids[:, -1:]
             logits = self.model.decode(new, self.memory, self.src_ids, self.cache)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+        logits = logits[:, -1].float()
+        return logits, logits.logsumexp(dim=-1)
 
     def append(self, tokens: torch.Tensor) -> None:
         self.tgt_ids = torch.cat([self.tgt_ids, tokens[:, None]], dim=1)
 
 
-def _constrain(lprobs: torch.Tensor, step: int, max_len: torch.Tensor, min_len: int,
+def _constrain(logits: torch.Tensor, step: int, max_len: torch.Tensor, min_len: int,
                eos: int) -> torch.Tensor:
-    """Forbid EOS before min_len; force EOS on rows whose max_len (R,) is reached."""
+    """Forbid EOS before min_len; force EOS on rows whose max_len (R,) is reached.
+
+    In place on logits (R, V) whose logsumexp is already taken: a forced EOS keeps its
+    model probability as score.
+    """
     if step < min_len:
-        lprobs[:, eos] = -math.inf
+        logits[:, eos] = -math.inf
     at_max = step >= max_len
     if at_max.any():
-        eos_lp = lprobs[at_max, eos]
-        lprobs[at_max] = -math.inf
-        lprobs[at_max, eos] = eos_lp
-    return lprobs
+        eos_logit = logits[at_max, eos]
+        logits[at_max] = -math.inf
+        logits[at_max, eos] = eos_logit
+    return logits
 
 
 @torch.inference_mode()
@@ -132,9 +136,9 @@ def greedy_search(
     results: list[Hypothesis | None] = [None] * n
     step = 0
     while alive.numel():
-        lprobs = _constrain(stepper.log_probs(), step, max_len[alive], min_len, eos)
-        lp, tokens = lprobs.max(dim=-1)  # (R,)
-        scores += lp
+        logits, lse = stepper.logits()  # (R, V), (R,)
+        best, tokens = _constrain(logits, step, max_len[alive], min_len, eos).max(dim=-1)
+        scores += best - lse
         step += 1
         done = tokens == eos
         for row in done.nonzero().flatten().tolist():
@@ -168,33 +172,33 @@ def beam_search(
     n = src_ids.size(0)
     max_len = max_lengths(model, src_ids, max_len_a, max_len_b, min_len)  # (B,)
     stepper = _Stepper(model, src_ids, use_cache)
-    stepper.expand(k)
     alive = torch.arange(n, device=device)  # original index of each live sentence (A,)
-    # Only the first beam of a sentence is live at the start, so the K beams differ.
-    scores = torch.full((n, k), -math.inf, device=device)
-    scores[:, 0] = 0.0
+    # One row per sentence at the first step (all its beams would be the same BOS): the
+    # first selection then fans each sentence out to K rows, cache included.
+    scores = torch.zeros(n, 1, device=device)  # (A, W): W beams per sentence, 1 then K
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     step = 0
     while alive.numel():
-        lprobs = stepper.log_probs()  # (A*K, V)
-        v = lprobs.size(-1)
-        lprobs = _constrain(lprobs, step, max_len[alive].repeat_interleave(k), min_len, eos)
-        cand = (scores.view(-1, 1) + lprobs).view(-1, k * v)  # (A, K*V)
-        top_scores, top_idx = cand.topk(min(2 * k, k * v), dim=-1)  # (A, 2K), best first
+        w = scores.size(1)
+        logits, lse = stepper.logits()  # (A*W, V), (A*W,)
+        v = logits.size(-1)
+        logits = _constrain(logits, step, max_len[alive].repeat_interleave(w), min_len, eos)
+        cand = (logits + (scores.view(-1) - lse)[:, None]).view(-1, w * v)  # (A, W*V)
+        top_scores, top_idx = cand.topk(min(2 * k, w * v), dim=-1)  # (A, 2K), best first
         top_beam, top_tok = top_idx // v, top_idx % v
         step += 1
         _collect_finished(finished, alive, stepper.tgt_ids, top_scores, top_beam, top_tok,
-                          k, eos, length_penalty(step, lenpen))
+                          w, k, eos, length_penalty(step, lenpen))
         # Live beams: the first K candidates that are not EOS (an EOS sorts behind them all).
         is_eos = top_tok == eos
         rank = torch.arange(top_tok.size(1), device=device) + is_eos * top_tok.size(1)
-        pick = rank.topk(k, dim=-1, largest=False).indices  # (A, K), in score order
+        pick = rank.topk(min(k, rank.size(1)), dim=-1, largest=False).indices  # (A, K)
         scores = top_scores.gather(1, pick)
         beams, tokens = top_beam.gather(1, pick), top_tok.gather(1, pick)
         done = torch.tensor([len(finished[i]) >= k for i in alive.tolist()], device=device)
         done |= step > max_len[alive]
         keep = (~done).nonzero().flatten()  # (A',)
-        rows = (keep[:, None] * k + beams[keep]).flatten()  # (A'*K,) rows that go on
+        rows = (keep[:, None] * w + beams[keep]).flatten()  # (A'*K,) rows that go on
         stepper.select(rows)
         stepper.append(tokens[keep].flatten())
         alive, scores = alive[keep], scores[keep]
@@ -203,13 +207,16 @@ def beam_search(
     return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished]
 
 
-def _collect_finished(finished, alive, tgt_ids, top_scores, top_beam, top_tok, k, eos, lp):
-    """Turn the EOS candidates among each sentence's K best into finished hypotheses."""
+def _collect_finished(finished, alive, tgt_ids, top_scores, top_beam, top_tok, w, k, eos, lp):
+    """Turn the EOS candidates among each sentence's K best into finished hypotheses.
+
+    Candidates (A, 2K) come from W rows per sentence of tgt_ids (A*W, t+1).
+    """
     eos_hits = ((top_tok[:, :k] == eos) & top_scores[:, :k].isfinite()).nonzero().tolist()
     for a, j in eos_hits:  # row-major: within a sentence, best candidate first
         sent = alive[a].item()
         if len(finished[sent]) < k:
-            row = a * k + top_beam[a, j].item()
+            row = a * w + top_beam[a, j].item()
             tokens = tgt_ids[row, 1:].tolist()
             finished[sent].append(Hypothesis(tokens, top_scores[a, j].item() / lp))
 

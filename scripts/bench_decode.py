@@ -1,0 +1,186 @@
+"""Decoding speed: cached greedy and beam search against naive re-decoding of the prefix.
+
+"Naive" is what `torch.nn.Transformer` users usually write: at every step the whole
+decoder re-runs over BOS + all tokens so far (`use_cache=False` in transformer/search.py),
+projecting only the last position onto the vocabulary. "Cached" feeds one new token per
+step and keeps every layer's keys and values (transformer/model.py's DecoderCache).
+
+All methods decode the same length-sorted batches of Tatoeba dev sentences in one
+process, interleaved batch by batch so the machine's noise hits them alike. Without
+--checkpoint the model is a randomly initialised small model (configs/model/small.yaml)
+and the sources are encoded with a SentencePiece model trained on data/sample. A random
+model almost never emits EOS, so it writes until the maximum length, a * |x| + b with
+DecodeConfig's defaults (1.2, 10) for every method alike; --fixed-len N makes every
+hypothesis exactly N tokens instead (min_len = max_len = N).
+
+    python scripts/bench_decode.py                                    # about 2-3 minutes
+    python scripts/bench_decode.py --sentences 200 --fixed-len 16 --naive-beam
+    python scripts/bench_decode.py --checkpoint runs/tatoeba_cpu/checkpoints/best
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from transformer.checkpoint import load_model
+from transformer.config import ModelConfig, to_dataclass
+from transformer.corpus import read_lines, resolve
+from transformer.model import build_model, count_parameters
+from transformer.search import beam_search, greedy_search
+from transformer.tokenizer import train_tokenizer
+from transformer.translate import encode_sources, length_batches, pad
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_or_build(args):
+    if args.checkpoint:
+        return load_model(args.checkpoint)
+    sample = ROOT / "data" / "sample"
+    tokenizer = train_tokenizer(read_lines(sample / "train.it") + read_lines(sample / "train.en"),
+                                vocab_size=500)
+    # The small model keeps its 8k output vocabulary (its real cost); the 500-piece
+    # sample vocabulary only encodes the sources.
+    cfg = to_dataclass(ModelConfig, OmegaConf.load(ROOT / "configs" / "model" / "small.yaml"))
+    torch.manual_seed(0)
+    return build_model(dataclasses.replace(cfg, dropout=0.0, attn_dropout=0.0)).eval(), tokenizer
+
+
+class LastPosition(torch.nn.Module):
+    """Output projection of the last position only, as naive decoders write it
+    (`generator(out[:, -1])` in the Annotated Transformer): the naive baseline then
+    does not pay for 8k-way projections of positions it has already decoded."""
+
+    def __init__(self, proj: torch.nn.Module) -> None:
+        super().__init__()
+        self.proj = proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x[:, -1:])
+
+
+def naive(model, run):
+    """Run `run` with the model's decoder re-run over the whole prefix at every step."""
+    def wrapped(src_ids):
+        out_proj = model.out_proj
+        model.out_proj = LastPosition(out_proj)
+        try:
+            return run(src_ids, use_cache=False)
+        finally:
+            model.out_proj = out_proj
+    return wrapped
+
+
+def methods(model, args) -> tuple[dict, int | None]:
+    """name -> function(src_ids) returning n-best lists; and the fixed output length."""
+    fixed = args.fixed_len or None
+    length = (dict(max_len_a=0.0, max_len_b=fixed, min_len=fixed) if fixed
+              else dict(max_len_a=1.2, max_len_b=10, min_len=1))
+
+    def greedy(src_ids, use_cache=True):
+        return [[h] for h in greedy_search(model, src_ids, use_cache=use_cache, **length)]
+
+    def beam(src_ids, use_cache=True):
+        return beam_search(model, src_ids, args.beam, use_cache=use_cache, **length)
+
+    runs = {"greedy, naive": naive(model, greedy), "greedy, cached": greedy,
+            f"beam {args.beam}, cached": beam}
+    if args.naive_beam:
+        runs[f"beam {args.beam}, naive"] = naive(model, beam)
+    return runs, fixed
+
+
+def time_runs(runs: dict, batches: list[torch.Tensor], naive_every: int) -> tuple[dict, dict]:
+    """Seconds, sentences and output tokens per method: (all batches, naive's batches).
+
+    Methods alternate batch by batch, so the machine's noise hits them alike. Naive
+    methods run on every `naive_every`-th batch only (they are slow); what the cached
+    methods did on those same batches is summed apart, for like-for-like ratios.
+    """
+    total = {name: dict(seconds=0.0, sentences=0, tokens=0) for name in runs}
+    subset = {name: dict(seconds=0.0, sentences=0, tokens=0) for name in runs}
+    for b, src_ids in enumerate(batches):
+        for name, run in runs.items():
+            if "naive" in name and b % naive_every:
+                continue
+            start = time.perf_counter()
+            out = run(src_ids)
+            seconds = time.perf_counter() - start
+            for stats in [total] + ([subset] if b % naive_every == 0 else []):
+                stats[name]["seconds"] += seconds
+                stats[name]["sentences"] += len(out)
+                stats[name]["tokens"] += sum(len(hyps[0].tokens) + 1 for hyps in out)  # + EOS
+    return total, subset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", help="a checkpoint directory (default: random small model)")
+    parser.add_argument("--source", default="../shared/data/tatoeba/dev.it",
+                        help="sentences to translate (relative paths: from the project root)")
+    parser.add_argument("--sentences", type=int, default=1000, help="how many of them")
+    parser.add_argument("--max-tokens", type=int, default=2000, help="source tokens per batch")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--fixed-len", type=int, default=0,
+                        help="exactly N output tokens per sentence (default: up to 1.2 |x| + 10)")
+    parser.add_argument("--naive-every", type=int, default=4,
+                        help="run the (slow) naive decoders on every N-th batch only")
+    parser.add_argument("--naive-beam", action="store_true", help="also time naive beam search")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads; 1 (default) gives steady figures on a "
+                             "shared 2-core machine; 0 keeps torch's default")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_or_build(args)
+    lines = read_lines(resolve(args.source))[: args.sentences]
+    src = encode_sources(tokenizer, lines, model.cfg.max_len)
+    # Shortest first: the warm-up below then uses a short batch.
+    batches = [pad([src[i] for i in b], tokenizer.pad_id)
+               for b in reversed(length_batches([len(s) for s in src], args.max_tokens))]
+    runs, fixed = methods(model, args)
+    with torch.inference_mode():
+        for run in runs.values():  # warm-up
+            run(batches[0][:4])
+        total, subset = time_runs(runs, batches, args.naive_every)
+    print(f"model: {'checkpoint ' + args.checkpoint if args.checkpoint else 'random small'} "
+          f"({count_parameters(model) / 1e6:.1f}M parameters, vocab {model.cfg.vocab_size}); "
+          f"{len(lines)} sentences of {args.source} in {len(batches)} batches of <= "
+          f"{args.max_tokens} source tokens (mean {sum(map(len, src)) / len(src):.1f}); "
+          f"{torch.get_num_threads()} CPU threads")
+    print("output length: " + (
+        f"fixed at {fixed} tokens + EOS for every method (min_len = max_len)" if fixed else
+        "up to max_len = 1.2 |x| + 10 tokens for every method (a random model runs to it)"))
+    print("tokens/s: tokens of the returned (best) hypothesis + EOS, not of every beam")
+    print(report(total, subset, args.naive_every, f"beam {args.beam}"))
+
+
+def report(total: dict, subset: dict, naive_every: int, beam: str) -> str:
+    def rate(stats: dict, name: str) -> float:
+        return stats[name]["sentences"] / stats[name]["seconds"]
+
+    rows = ["| method | sentences | tokens/sentence | seconds | sentences/s | tokens/s |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for name, s in total.items():
+        rows.append(f"| {name} | {s['sentences']} | {s['tokens'] / s['sentences']:.1f} | "
+                    f"{s['seconds']:.1f} | {rate(total, name):.1f} | "
+                    f"{s['tokens'] / s['seconds']:.0f} |")
+    rows.append(f"\nsame {subset['greedy, naive']['sentences']} sentences (every {naive_every}-th "
+                "batch), cached / naive:")
+    for method in ("greedy", beam):
+        if f"{method}, naive" in subset:
+            speedup = rate(subset, f"{method}, cached") / rate(subset, f"{method}, naive")
+            rows.append(f"  {method}: {speedup:.2f}x")
+    rows.append(f"all sentences, {beam} cached / greedy cached: "
+                f"{rate(total, f'{beam}, cached') / rate(total, 'greedy, cached'):.2f}x")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
