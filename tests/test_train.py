@@ -219,3 +219,9 @@ def test_unknown_keys_and_wrong_types_fail_before_anything_runs():
     bad["model"]["d_modle"] = 3
     with pytest.raises(ConfigKeyError, match="d_modle"):
         to_dataclass(TrainConfig, bad)
+
+
+def test_resuming_with_a_different_vocabulary_is_a_clear_error(tmp_path):
+    run(tmp_path / "run", "trainer.max_steps=2")
+    with pytest.raises(ckpt.CheckpointError, match="tokenizer differs"):
+        run(tmp_path / "run", "trainer.max_steps=4", "trainer.resume=auto", "data.vocab_size=250")

@@ -83,7 +83,12 @@ class Trainer:
 
     def load_state(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, RNGs, data position."""
-        weights, _ = ckpt.load_model(path, self.device)
+        weights, tokenizer = ckpt.load_model(path, self.device)
+        if tokenizer.proto != self.tokenizer.proto:
+            raise ckpt.CheckpointError(
+                f"cannot resume from {path}: its tokenizer differs from the one prepared for "
+                f"this run's data (the corpus or data.* settings changed); start a new "
+                f"trainer.run_dir or set trainer.resume=never")
         self.model.load_state_dict(weights.state_dict())
         state = ckpt.load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
