@@ -23,8 +23,9 @@ class ModelConfig:
     d_ff: int = 2048
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
-    dropout: float = 0.1  # on residuals, embeddings+positions and inside the FFN
+    dropout: float = 0.1  # on each sublayer's output before the residual add, and on embeddings+positions
     attn_dropout: float = 0.1  # on the attention weights
+    ffn_dropout: float = 0.1  # on the FFN's inner ReLU activations (fairseq's activation_dropout)
     max_len: int = 1024  # longest sequence the sinusoidal table covers
     pre_norm: bool = False  # the paper is post-norm: LayerNorm(x + Sublayer(x))
     tie_embeddings: bool = True  # the paper's three-way tying: src emb = tgt emb = output proj

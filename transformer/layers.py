@@ -57,10 +57,10 @@ class Residual(nn.Module):
 
 class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float,
-                 attn_dropout: float, pre_norm: bool) -> None:
+                 attn_dropout: float, ffn_dropout: float, pre_norm: bool) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, ffn_dropout)
         self.self_attn_res = Residual(d_model, dropout, pre_norm)
         self.ffn_res = Residual(d_model, dropout, pre_norm)
 
@@ -84,11 +84,11 @@ class LayerCache:
 
 class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float,
-                 attn_dropout: float, pre_norm: bool) -> None:
+                 attn_dropout: float, ffn_dropout: float, pre_norm: bool) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, ffn_dropout)
         self.self_attn_res = Residual(d_model, dropout, pre_norm)
         self.cross_attn_res = Residual(d_model, dropout, pre_norm)
         self.ffn_res = Residual(d_model, dropout, pre_norm)

@@ -45,7 +45,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         d, v = cfg.d_model, cfg.vocab_size
-        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attn_dropout, cfg.pre_norm)
+        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attn_dropout, cfg.ffn_dropout,
+                      cfg.pre_norm)
         self.src_embed = nn.Embedding(v, d, padding_idx=cfg.pad_id)
         self.tgt_embed = nn.Embedding(v, d, padding_idx=cfg.pad_id)
         self.encoder_layers = nn.ModuleList(
