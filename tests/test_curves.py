@@ -1,0 +1,26 @@
+"""Learning curves read every resumed segment of a run and skip the pause between them."""
+
+from torch.utils.tensorboard import SummaryWriter
+
+from transformer.curves import plot_learning_curves, read_scalars, training_hours
+
+
+def _segment(tb, steps, start_wall):
+    w = SummaryWriter(str(tb))
+    for i, step in enumerate(steps):
+        w.add_scalar("train/loss", 5.0 - step / 10, step, walltime=start_wall + 60 * i)
+        if step % 2 == 0:
+            w.add_scalar("dev/bleu", step * 2.0, step, walltime=start_wall + 60 * i)
+    w.close()
+
+
+def test_curves_join_resumed_segments_without_the_gap(tmp_path):
+    _segment(tmp_path / "tb", [1, 2, 3, 4], start_wall=1_000_000)
+    _segment(tmp_path / "tb", [5, 6], start_wall=1_000_000 + 3 * 60 + 7200)  # resumed 2 h later
+    scalars = read_scalars(tmp_path)
+    assert [s for _, s, _ in scalars["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert [s for _, s, _ in scalars["dev/bleu"]] == [2, 4, 6]
+    hours = training_hours(scalars)
+    assert abs(hours[6] - 4 * 60 / 3600) < 1e-9  # 3 + 1 one-minute intervals; the pause excluded
+    png = plot_learning_curves(tmp_path, tmp_path / "curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

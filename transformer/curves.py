@@ -1,0 +1,81 @@
+"""Learning curves from a run's TensorBoard logs: dev BLEU and losses against training time.
+
+Reads the event files of `<run_dir>/tb` (every resumed segment of the run), so the picture
+needs nothing but the run directory. Matplotlib's object API with the Agg canvas.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[float, int, float]]]:
+    """tag -> [(wall_time, step, value)] over all event files of run_dir/tb, by step.
+
+    A resumed run repeats no step, but a step logged twice (a crash between a log line
+    and the next checkpoint) keeps its latest value.
+    """
+    tb = Path(run_dir) / "tb"
+    files = sorted(tb.glob("events.out.tfevents.*"))
+    if not files:
+        raise FileNotFoundError(f"no TensorBoard event files in {tb}")
+    series: dict[str, dict[int, tuple[float, int, float]]] = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            for e in acc.Scalars(tag):
+                series.setdefault(tag, {})[e.step] = (e.wall_time, e.step, e.value)
+    return {tag: [v[s] for s in sorted(v)] for tag, v in series.items()}
+
+
+def training_hours(scalars: dict[str, list[tuple[float, int, float]]]) -> dict[int, float]:
+    """step -> hours of training, from the wall times of `train/loss`, without the gaps
+    between resumed segments (a pause longer than 10 minutes between logs is not counted)."""
+    points = scalars["train/loss"]
+    hours, total, last = {}, 0.0, None
+    for wall, step, _ in points:
+        if last is not None and wall - last < 600:
+            total += wall - last
+        hours[step] = total / 3600
+        last = wall
+    return hours
+
+
+def _hours_at(step: int, hours: dict[int, float]) -> float:
+    known = [s for s in hours if s <= step]
+    return hours[max(known)] if known else 0.0
+
+
+def plot_learning_curves(run_dir: str | Path, out_png: str | Path, title: str | None = None) -> Path:
+    """Write a two-panel PNG: dev BLEU/chrF (left) and train/dev loss (right) against hours."""
+    scalars = read_scalars(run_dir)
+    hours = training_hours(scalars)
+    fig = Figure(figsize=(11, 4.2), dpi=110)
+    left, right = fig.subplots(1, 2)
+    for tag, label in (("dev/bleu", "dev BLEU (greedy)"), ("dev/chrf", "dev chrF")):
+        if tag in scalars:
+            xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
+            left.plot(xs, [v for _, _, v in scalars[tag]], marker="o", ms=3, label=label)
+    left.set(xlabel="training time (hours)", ylabel="score", title="dev scores")
+    for tag, label in (("train/loss", "train loss (smoothed CE)"), ("dev/loss", "dev loss (smoothed CE)"),
+                       ("dev/nll", "dev NLL")):
+        if tag in scalars:
+            xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
+            right.plot(xs, [v for _, _, v in scalars[tag]], lw=1 if tag.startswith("train") else 2,
+                       label=label, alpha=0.6 if tag.startswith("train") else 1.0)
+    right.set(xlabel="training time (hours)", ylabel="nats per target token", title="loss")
+    right.set_ylim(top=min(8.0, right.get_ylim()[1]))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    last_step = scalars["train/loss"][-1][1]
+    fig.suptitle(title or f"{Path(run_dir).name}: {last_step} updates")
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    return out_png
