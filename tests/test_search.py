@@ -169,16 +169,6 @@ def test_search_dispatches_on_decode_config():
 # ---- invariances on a real (random, tiny) model ------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny ops on a shared 2-core machine: a second OpenMP thread only adds contention
-    # (10x slower here when another job is running).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny_model():
     # With this seed some hypotheses end with a natural EOS and others at max length

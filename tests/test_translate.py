@@ -25,14 +25,6 @@ LINES = ["Che ore sono?", "", "Ti chiamo stasera.", "   ", "Sì, certo!", "Ci ve
 FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never stops early
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops on a shared 2-core machine
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
