@@ -59,7 +59,7 @@ def max_lengths(model, src_ids: torch.Tensor, a: float, b: int, min_len: int) ->
 
 
 class _Stepper:
-    """Feeds one token per row and returns next-token log-probs; follows row choices.
+    """Feeds one token per row, returns next-token logits, and follows row choices.
 
     use_cache=False re-runs the decoder over the whole prefix at every step (what
     `torch.nn.Transformer` users do); it is the reference for tests and benchmarks.
