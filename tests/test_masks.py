@@ -132,3 +132,12 @@ def test_the_model_puts_each_mask_on_its_attention():
             assert torch.all(w[:, ~allowed] == 0), kind
             assert torch.all(w[:, allowed] > 0), kind
             torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:2]))
+
+
+def test_incremental_rows_are_the_last_rows_of_the_full_decoder_mask():
+    """Cached decoding asks for the rows of the new positions only: they must be exactly
+    the last rows of the full causal-and-padding mask."""
+    tgt = torch.tensor([[2, 5, 6, 7, 0, 0], [2, 8, 9, 10, 11, 12]])
+    full = tgt_self_mask(tgt, pad_id=0)
+    for n in range(1, tgt.size(1) + 1):
+        assert torch.equal(tgt_self_mask(tgt, pad_id=0, n_queries=n), full[:, :, -n:, :])

@@ -29,12 +29,23 @@ def src_key_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return key_padding_mask(src_ids, pad_id)
 
 
-def causal_mask(t: int, device: torch.device | None = None) -> torch.Tensor:
-    """(1, 1, T, T) bool lower triangle: query i may attend to keys 0..i."""
-    return torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
+def causal_mask(t: int, device: torch.device | None = None, n_queries: int | None = None) -> torch.Tensor:
+    """(1, 1, Q, T) bool: the query at position p may attend to keys 0..p.
+
+    The Q = n_queries (default T) queries are the last positions T-Q..T-1, as when
+    incremental decoding feeds new tokens after T-Q cached ones.
+    """
+    n_queries = t if n_queries is None else n_queries
+    q_pos = torch.arange(t - n_queries, t, device=device)[:, None]  # (Q, 1)
+    k_pos = torch.arange(t, device=device)[None, :]  # (1, T)
+    return (k_pos <= q_pos)[None, None]
 
 
-def tgt_self_mask(tgt_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Mask for decoder self-attention: causal AND target key padding, (B, 1, T, T)."""
+def tgt_self_mask(tgt_ids: torch.Tensor, pad_id: int, n_queries: int | None = None) -> torch.Tensor:
+    """Mask for decoder self-attention: causal AND target key padding, (B, 1, Q, T).
+
+    tgt_ids (B, T) are all target ids so far; the rows are those of the last `n_queries`
+    positions (default all T), the new ones in incremental decoding.
+    """
     t = tgt_ids.size(1)
-    return causal_mask(t, tgt_ids.device) & key_padding_mask(tgt_ids, pad_id)
+    return causal_mask(t, tgt_ids.device, n_queries) & key_padding_mask(tgt_ids, pad_id)

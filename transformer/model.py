@@ -126,8 +126,7 @@ class Transformer(nn.Module):
             if cache.tgt_ids is not None:
                 all_ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
             cache.tgt_ids = all_ids
-        # Rows of the new positions only: (B, 1, T, T_total)
-        tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id)[:, :, offset:, :]
+        tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
         src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         x = self._embed(self.tgt_embed, tgt_in_ids, offset)
         for i, layer in enumerate(self.decoder_layers):
