@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from transformer.config import ModelConfig
+from transformer.dropout import Dropout
 from transformer.layers import DecoderLayer, EncoderLayer, LayerCache, sinusoid_table
 from transformer.masks import src_key_mask, tgt_self_mask
 
@@ -59,7 +60,7 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.out_proj = nn.Linear(d, v, bias=False)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.register_buffer("positions", sinusoid_table(cfg.max_len, d), persistent=False)
         self.embed_scale = d**0.5
         self.reset_parameters()
