@@ -7,7 +7,7 @@ rounds, so that the machine's noise hits both alike. Prints target tokens/s and 
 in fp32 and bf16 autocast.
 
     python scripts/bench_train.py                      # small model, fp32 and bf16
-    python scripts/bench_train.py --model base --steps 10 --precisions bf16
+    python scripts/bench_train.py --model base --steps 10 --precisions bf16 --peak-tflops 989   # a GPU
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from transformer.model import build_model, count_parameters
 from transformer.runtime import autocast
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CPU = torch.device("cpu")
 
 
 class TorchTransformerMT(nn.Module):
@@ -72,20 +73,32 @@ def torch_loss(model, batch: Batch, eps: float) -> torch.Tensor:
                            ignore_index=batch.pad_id, label_smoothing=eps, reduction="sum")
 
 
-def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str) -> tuple[float, int]:
-    """Full training steps over `batches`; returns (seconds, target tokens)."""
+def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str,
+              device: torch.device = CPU) -> tuple[float, int]:
+    """Full training steps over `batches` (already on `device`); returns (seconds, target tokens)."""
     model.train()
     tokens, t0 = 0, time.perf_counter()
     for batch in batches:
         n = batch.n_tgt_tokens
-        with autocast(precision, torch.device("cpu")):
+        with autocast(precision, device):
             loss = loss_fn(model, batch, 0.1)
         (loss / n).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         tokens += n
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0, tokens
+
+
+def step_flops(model, batches: list[Batch]) -> float:
+    """Model FLOPs of forward + backward (6 per parameter and token, the usual estimate):
+    encoder weights see the padded source tokens, decoder and output weights the padded
+    target tokens; attention scores are left out (small for sentences)."""
+    enc = sum(p.numel() for n, p in model.named_parameters() if n.startswith("encoder"))
+    dec = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("encoder"))
+    return sum(6 * (enc * b.src_ids.numel() + dec * b.tgt_in_ids.numel()) for b in batches)
 
 
 def main() -> None:
@@ -97,9 +110,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the device's dense peak at this precision, to print model FLOPs utilisation "
+                         "(H100 SXM bf16: 989; H200: 989)")
     args = ap.parse_args()
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
     data_cfg = to_dataclass(DataConfig, OmegaConf.load(CONFIGS / "data" / f"{args.data}.yaml"))
     data = prepare_data(data_cfg)
     tok = data.tokenizer
@@ -107,7 +127,7 @@ def main() -> None:
     model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
     train = data.train.select_columns(["src_ids", "tgt_ids"])
     sampler = TokenBatchSampler(*token_lengths(train), max_tokens=args.max_tokens, seed=1)
-    batches = [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id)
+    batches = [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id).to(device)
                for idx in sampler.batches(0)[: args.steps]]
     print(f"model={args.model} vocab={tok.vocab_size} threads={torch.get_num_threads()} "
           f"batches={len(batches)} x ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens")
@@ -116,20 +136,29 @@ def main() -> None:
     print(f"{'precision':<10}{'this trainer tok/s':>20}{'nn.Transformer tok/s':>22}{'ratio':>8}")
     for precision in args.precisions:
         torch.manual_seed(0)
-        ours = build_model(model_cfg)
-        base = TorchTransformerMT(model_cfg)
+        ours = build_model(model_cfg).to(device)
+        base = TorchTransformerMT(model_cfg).to(device)
         runs = {"ours": (ours, ours_loss), "torch": (base, torch_loss)}
         opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
                 for k, (m, _) in runs.items()}
         for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
-            run_steps(m, fn, opts[k], batches[:3], precision)
+            run_steps(m, fn, opts[k], batches[:3], precision, device)
         rates: dict[str, list[float]] = {"ours": [], "torch": []}
+        secs_ours: list[float] = []
         for _ in range(args.rounds):
             for k, (m, fn) in runs.items():
-                secs, toks = run_steps(m, fn, opts[k], batches, precision)
+                secs, toks = run_steps(m, fn, opts[k], batches, precision, device)
                 rates[k].append(toks / secs)
+                if k == "ours":
+                    secs_ours.append(secs)
         o, t = statistics.median(rates["ours"]), statistics.median(rates["torch"])
-        print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}")
+        extra = ""
+        if args.peak_tflops:
+            achieved = step_flops(ours, batches) / statistics.median(secs_ours) / 1e12
+            extra += f"  model TFLOP/s {achieved:.1f}, MFU {achieved / args.peak_tflops:.1%}"
+        if device.type == "cuda":
+            extra += f"  peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+        print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
 
 
 if __name__ == "__main__":
