@@ -15,6 +15,7 @@ their output is then set to exactly zero, in every dtype.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -115,13 +116,10 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(w, p, self.training) @ v
         else:
             open_mask, has_key = _open_empty_rows(mask)
-            if q.device.type == "cpu":
-                # For sentence-length sequences the math kernel is ~1.5x faster than the
-                # fused CPU kernel SDPA would pick (scripts/bench_train.py, bf16); CUDA
-                # keeps its choice of fused kernels.
-                with sdpa_kernel(SDPBackend.MATH):
-                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)
-            else:
+            # For sentence-length sequences the math kernel is ~1.5x faster than the fused
+            # CPU kernel SDPA would pick (scripts/bench_train.py, bf16); CUDA keeps its choice.
+            kernel = sdpa_kernel(SDPBackend.MATH) if q.device.type == "cpu" else nullcontext()
+            with kernel:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)
             out = out.masked_fill(~has_key, 0.0)  # rows with no key: zeros, not NaN
         b, _, t, _ = out.shape
