@@ -29,7 +29,7 @@ from transformer.data import prepare_data
 from transformer.layers import sinusoid_table
 from transformer.loss import label_smoothed_nll
 from transformer.model import build_model, count_parameters
-from transformer.runtime import autocast
+from transformer.runtime import autocast, keep_large_blocks_in_the_heap
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")
@@ -63,7 +63,10 @@ class TorchTransformerMT(nn.Module):
 
 
 def ours_loss(model, batch: Batch, eps: float) -> torch.Tensor:
-    loss, _ = label_smoothed_nll(model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, eps, batch.pad_id)
+    """What Trainer._loss does: logits at the real target positions only, the fused loss."""
+    real = batch.tgt_out_ids != batch.pad_id
+    loss, _ = label_smoothed_nll(model(batch.src_ids, batch.tgt_in_ids, real), batch.tgt_out_ids[real],
+                                 eps, batch.pad_id)
     return loss
 
 
@@ -120,6 +123,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
+    else:  # what mt-train does on CPU; a process-wide setting, so both models run with it
+        keep_large_blocks_in_the_heap()
     data_cfg = to_dataclass(DataConfig, OmegaConf.load(CONFIGS / "data" / f"{args.data}.yaml"))
     data = prepare_data(data_cfg)
     tok = data.tokenizer

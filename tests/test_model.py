@@ -183,6 +183,22 @@ def test_cache_reorder_keeps_the_chosen_rows_consistent():
     torch.testing.assert_close(incremental[real], full[real], atol=ATOL, rtol=0)
 
 
+def test_reorder_without_cross_caches_is_exact_among_rows_of_one_source():
+    """Beam search keeps the cross-attention caches when beams only move within their
+    sentence: rows sharing a source have identical cross-attention keys and values."""
+    model = tiny_model()
+    src = pad_batch([SRC[0]] * 3)  # three beams of one sentence
+    tgt = pad_batch([[BOS, 5, 6, 7, 8], [BOS, 9, 10, 11, 12], [BOS, 13, 14, 15, 16]])
+    index = torch.tensor([1, 1, 0])
+    with torch.no_grad():
+        memory = model.encode(src)
+        first, cache = decode_step_by_step(model, tgt[:, :2], memory, src)
+        cache.reorder(index, cross=False)
+        rest, _ = decode_step_by_step(model, tgt[index], memory, src, cache, start=2)
+        full = model.decode(tgt[index], memory, src)
+    torch.testing.assert_close(torch.cat([first[index], rest], dim=1), full, atol=ATOL, rtol=0)
+
+
 # --- input checks ------------------------------------------------------------------------
 
 

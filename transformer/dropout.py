@@ -2,16 +2,19 @@
 
 PyTorch's CPU dropout draws one Mersenne-Twister number per element, which made dropout
 about 30% of a bf16 training step of the small model on a 2-core CPU (profiled in
-scripts/bench_train.py's setting). Here one 64-bit draw serves four elements: each 16-bit
+scripts/bench_train.py's setting). Here one 64-bit word serves four elements: each 16-bit
 lane is a uniform integer in [-32768, 32767], kept when it is at least
 -32768 + round(p * 65536). So p is applied with a resolution of 1/65536, and the kept
-elements are scaled by 1 / (1 - p) as usual. The draws come from torch's default
-generator, so seeding and resuming work as with `nn.Dropout`. On other devices this is
+elements are scaled by 1 / (1 - p) as usual. The words come from numpy's SFC64 generator
+(about 2.5x faster than torch's Mersenne Twister), seeded for each mask by one draw from
+torch's default generator, so `torch.manual_seed` and the trainer's saved RNG state
+govern them: seeding and resuming work as with `nn.Dropout`. On other devices this is
 `F.dropout` (fused and fast there).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,8 +23,9 @@ from torch import nn
 def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
     """Bool tensor of `shape`, each element True with probability 1 - p (to 1/65536)."""
     n = shape.numel()
-    draws = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
-    lanes = draws.view(torch.int16)[:n].view(shape)  # 4 uniform 16-bit integers per draw
+    seed = int(torch.randint(0, 2**62, (1,)))  # from torch's generator: seeding works as usual
+    words = np.random.SFC64(seed).random_raw((n + 3) // 4).view(np.int64)
+    lanes = torch.from_numpy(words).view(torch.int16)[:n].view(shape)  # 4 uniform 16-bit integers per word
     return lanes >= -32768 + round(p * 65536)
 
 
@@ -30,7 +34,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return x
     if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, training)
-    return x * keep_mask(x.shape, p) * (1.0 / (1.0 - p))
+    return x.mul(keep_mask(x.shape, p)).mul_(1.0 / (1.0 - p))  # in place: one tensor less
 
 
 class Dropout(nn.Module):

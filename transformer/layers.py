@@ -78,9 +78,10 @@ class LayerCache:
         self.self_attn = KVCache()
         self.cross_attn = KVCache()
 
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
         self.self_attn.reorder(index)
-        self.cross_attn.reorder(index)
+        if cross:
+            self.cross_attn.reorder(index)
 
 
 class DecoderLayer(nn.Module):

@@ -1,12 +1,48 @@
 """Label-smoothed cross-entropy (Szegedy et al. 2016; Vaswani et al. 2017, section 5.4).
 
 Shapes: N tokens, V vocabulary.
+
+The smoothed target puts 1 - eps on the gold token and spreads eps uniformly over the
+whole vocabulary (as fairseq does), so per token
+
+    loss = (1 - eps) * nll + eps * mean_v(-log p_v),   -log p_v = lse - x_v,
+
+where x are the logits and lse = logsumexp(x). Its gradient is softmax(x) - eps / V
+- (1 - eps) * onehot(gold). `label_smoothed_nll` computes both in one fused function, in
+fp32 (or fp64) whatever the logits' dtype, without materialising the log-probabilities or the
+intermediate (N, V) tensors that autograd would keep for log_softmax, gather and mean:
+the output layer and this loss are the largest cost of a training step at an 8k
+vocabulary (profiled in scripts/bench_train.py).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+
+class _LabelSmoothedCE(torch.autograd.Function):
+    """(logits (N, V), target (N,), eps) -> (summed loss, summed nll); target has no padding."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float):
+        x = logits.to(torch.promote_types(logits.dtype, torch.float32))  # a copy for bf16/fp16 only
+        lse = torch.logsumexp(x, dim=-1)  # (N,)
+        nll_sum = (lse - x.gather(1, target[:, None]).squeeze(1)).sum()
+        smooth_sum = (lse - x.mean(dim=-1)).sum()
+        ctx.save_for_backward(x, target, lse)
+        ctx.epsilon, ctx.logits_dtype = epsilon, logits.dtype
+        ctx.mark_non_differentiable(nll_sum)
+        return (1.0 - epsilon) * nll_sum + epsilon * smooth_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
+        x, target, lse = ctx.saved_tensors
+        eps, g = ctx.epsilon, grad_loss.to(x.dtype)
+        grad = torch.sub(x, lse[:, None]).exp_()  # softmax(x), one new (N, V) buffer
+        grad.sub_(eps / x.size(-1))
+        grad.scatter_add_(1, target[:, None], grad.new_full((target.numel(), 1), eps - 1.0))
+        grad.mul_(g)
+        return grad.to(ctx.logits_dtype), None, None
 
 
 def label_smoothed_nll(
@@ -14,16 +50,13 @@ def label_smoothed_nll(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed smoothed loss and summed NLL over the non-ignored targets.
 
-    logits (..., V), target (...). The smoothed target puts 1 - epsilon on the gold token
-    and spreads epsilon uniformly over the whole vocabulary (as fairseq does), so
-    loss = (1 - eps) * nll + eps * mean_v(-log p_v). Padding targets contribute nothing.
-    Computed in fp32 whatever the logits' dtype. Returns (loss_sum, nll_sum).
+    logits (..., V), target (...): padding targets (`ignore_index`) contribute nothing.
+    Computed in fp32 whatever the logits' dtype. Returns (loss_sum, nll_sum); nll_sum
+    carries no gradient.
     """
-    lprobs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (N, V)
+    logits = logits.flatten(0, -2)  # (N, V)
     target = target.flatten()  # (N,)
     keep = target != ignore_index
-    nll = -lprobs.gather(1, target.clamp(min=0)[:, None]).squeeze(1)  # (N,)
-    smooth = -lprobs.mean(dim=-1)  # (N,)
-    nll_sum = nll.masked_fill(~keep, 0.0).sum()
-    smooth_sum = smooth.masked_fill(~keep, 0.0).sum()
-    return (1.0 - epsilon) * nll_sum + epsilon * smooth_sum, nll_sum
+    if not bool(keep.all()):
+        logits, target = logits[keep], target[keep]
+    return _LabelSmoothedCE.apply(logits, target, epsilon)

@@ -6,6 +6,7 @@ API in the shape of the paper, plain tensors in and out:
     memory = model.encode(src_ids)                                 # (B, S, D)
     logits = model.decode(tgt_in_ids, memory, src_ids, cache=None)  # (B, T, V)
     logits = model(src_ids, tgt_in_ids)                             # (B, T, V)
+    logits = model(src_ids, tgt_in_ids, positions)                  # (N, V), training
 Masks are never passed in: they are built here from the ids and `pad_id` (masks.py).
 """
 
@@ -34,9 +35,16 @@ class DecoderCache:
     def __len__(self) -> int:
         return 0 if self.tgt_ids is None else self.tgt_ids.size(1)
 
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
+        """Keep rows `index` (B',) in that order.
+
+        cross=False leaves the cross-attention caches as they are. That is right when
+        each row moves to a row of the same source: beam search choosing among the beams
+        of one sentence, whose cross-attention keys and values are identical. It saves
+        copying them at every step.
+        """
         for layer in self.layers:
-            layer.reorder(index)
+            layer.reorder(index, cross)
         if self.tgt_ids is not None:
             self.tgt_ids = self.tgt_ids.index_select(0, index)
 
@@ -115,6 +123,34 @@ class Transformer(nn.Module):
 
         With a cache, tgt_in_ids are only the new positions; the cache is updated.
         """
+        return self.out_proj(self._decoder_states(tgt_in_ids, memory, src_ids, cache))
+
+    def forward(
+        self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) (teacher forcing).
+
+        positions: optional bool (B, T); then logits are computed only where it is True
+        and returned as (N, V), N = positions.sum(), in row-major order. Training passes
+        the non-padding targets: the output layer is the largest matrix of a small model,
+        and its work at padded positions would be thrown away by the loss.
+        """
+        states = self._decoder_states(tgt_in_ids, self.encode(src_ids), src_ids)  # (B, T, D)
+        if positions is not None:
+            if positions.shape != tgt_in_ids.shape or positions.dtype != torch.bool:
+                raise ValueError(f"positions must be a bool tensor of shape {tuple(tgt_in_ids.shape)}, "
+                                 f"got {positions.dtype} {tuple(positions.shape)}")
+            states = states[positions]  # (N, D)
+        return self.out_proj(states)
+
+    def _decoder_states(
+        self,
+        tgt_in_ids: torch.Tensor,
+        memory: torch.Tensor,
+        src_ids: torch.Tensor,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """The decoder's output before the vocabulary projection, (B, T, D)."""
         self._check_ids(tgt_in_ids, "tgt_in_ids")
         if memory.shape[:2] != src_ids.shape or tgt_in_ids.size(0) != src_ids.size(0):
             raise ValueError(f"shapes disagree: tgt_in_ids {tuple(tgt_in_ids.shape)}, memory "
@@ -133,11 +169,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
             x = layer(x, memory, tgt_mask, src_mask, layer_cache)
-        return self.out_proj(self.decoder_norm(x))
-
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
-        """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) (teacher forcing)."""
-        return self.decode(tgt_in_ids, self.encode(src_ids), src_ids)
+        return self.decoder_norm(x)
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

@@ -73,13 +73,18 @@ class _Stepper:
         bos = model.cfg.bos_id
         self.tgt_ids = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, t+1)
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep rows `index` (R',), in that order: beam selection and finished rows."""
-        self.src_ids = self.src_ids.index_select(0, index)
-        self.memory = self.memory.index_select(0, index)
+    def select(self, index: torch.Tensor, same_sources: bool = False) -> None:
+        """Keep rows `index` (R',), in that order: beam selection and finished rows.
+
+        same_sources: every row moves to a row of the same sentence (so the same source,
+        memory and cross-attention cache), which then need no copying.
+        """
+        if not same_sources:
+            self.src_ids = self.src_ids.index_select(0, index)
+            self.memory = self.memory.index_select(0, index)
         self.tgt_ids = self.tgt_ids.index_select(0, index)
         if self.cache is not None and len(self.cache):
-            self.cache.reorder(index)
+            self.cache.reorder(index, cross=not same_sources)
 
     def logits(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits (R, V) and their logsumexp (R,), float32.
@@ -199,7 +204,8 @@ def beam_search(
         done |= step > max_len[alive]
         keep = (~done).nonzero().flatten()  # (A',)
         rows = (keep[:, None] * w + beams[keep]).flatten()  # (A'*K,) rows that go on
-        stepper.select(rows)
+        # Beams move only within their sentence unless a sentence ended or fans out (step 1).
+        stepper.select(rows, same_sources=w == k and keep.numel() == done.numel())
         stepper.append(tokens[keep].flatten())
         alive, scores = alive[keep], scores[keep]
     for hyps in finished:

@@ -24,6 +24,7 @@ from transformer.model import build_model, count_parameters
 from transformer.runtime import (
     check_precision,
     enable_fast_cuda_math,
+    keep_large_blocks_in_the_heap,
     seed_everything,
     setup_distributed,
     setup_logging,
@@ -51,8 +52,10 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
     check_precision(cfg.trainer.precision, device)
     if device.type == "cuda":
         enable_fast_cuda_math()
-    elif cfg.trainer.num_threads:
-        torch.set_num_threads(cfg.trainer.num_threads)
+    else:
+        keep_large_blocks_in_the_heap()
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(run_config_yaml)

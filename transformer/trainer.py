@@ -123,6 +123,14 @@ class Trainer:
                 yield epoch, index, batch
             self.state.epoch, self.state.batch_index = epoch + 1, 0
 
+    def _loss(self, net: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed label-smoothed loss and NLL of a batch; logits only at non-padding targets."""
+        real = batch.tgt_out_ids != self.tokenizer.pad_id  # (B, T)
+        with autocast(self.tc.precision, self.device):
+            logits = net(batch.src_ids, batch.tgt_in_ids, real)  # (N, V)
+        return label_smoothed_nll(logits, batch.tgt_out_ids[real], self.cfg.optim.label_smoothing,
+                                  self.tokenizer.pad_id)
+
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One optimizer update over `batches` (gradient accumulation). Returns metrics."""
         self.net.train()
@@ -133,10 +141,7 @@ class Trainer:
             sync = i == len(batches) - 1 or not isinstance(self.net, DistributedDataParallel)
             ctx = contextlib.nullcontext() if sync else self.net.no_sync()
             with ctx:
-                with autocast(self.tc.precision, self.device):
-                    logits = self.net(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
-                loss, nll = label_smoothed_nll(logits, batch.tgt_out_ids,
-                                               self.cfg.optim.label_smoothing, self.tokenizer.pad_id)
+                loss, nll = self._loss(self.net, batch)
                 self.scaler.scale(loss / n_tokens).backward()
             loss_sum += loss.item()
             nll_sum += nll.item()
@@ -167,10 +172,7 @@ class Trainer:
         for idx in sampler.batches(0):
             batch = collate(dev[idx], self.tokenizer.pad_id, self.tokenizer.bos_id,
                             self.tokenizer.eos_id).to(self.device)
-            with autocast(self.tc.precision, self.device):
-                logits = self.model(batch.src_ids, batch.tgt_in_ids)
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out_ids,
-                                           self.cfg.optim.label_smoothing, self.tokenizer.pad_id)
+            loss, nll = self._loss(self.model, batch)
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
             n_tokens += batch.n_tgt_tokens
         n = min(self.tc.val_bleu_sentences, len(dev))

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import DecodeConfig, to_dataclass
 from transformer.corpus import PROJECT_ROOT, DataError, normalize, read_lines
-from transformer.runtime import autocast, resolve_device
+from transformer.runtime import autocast, keep_large_blocks_in_the_heap, resolve_device
 from transformer.search import search
 from transformer.tokenizer import Tokenizer
 
@@ -155,6 +155,8 @@ def load_for_inference(checkpoint: str | None, device_pref: str):
     if not checkpoint:
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
     device = resolve_device(device_pref)
+    if device.type == "cpu":
+        keep_large_blocks_in_the_heap()
     model, tokenizer = load_model(checkpoint, device)
     return model, tokenizer, device
 
