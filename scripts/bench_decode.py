@@ -32,6 +32,7 @@ from transformer.checkpoint import load_model
 from transformer.config import ModelConfig, to_dataclass
 from transformer.corpus import read_lines, resolve
 from transformer.model import build_model, count_parameters
+from transformer.runtime import autocast
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
 from transformer.translate import encode_sources, length_batches, pad
@@ -132,6 +133,8 @@ def main() -> None:
     parser.add_argument("--naive-every", type=int, default=4,
                         help="run the (slow) naive decoders on every N-th batch only")
     parser.add_argument("--naive-beam", action="store_true", help="also time naive beam search")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: every method under bf16 autocast (AMX/AVX-512 CPUs)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads; 1 (default) gives steady figures on a "
                              "shared 2-core machine; 0 keeps torch's default")
@@ -145,7 +148,7 @@ def main() -> None:
     batches = [pad([src[i] for i in b], tokenizer.pad_id)
                for b in reversed(length_batches([len(s) for s in src], args.max_tokens))]
     runs, fixed = methods(model, args)
-    with torch.inference_mode():
+    with torch.inference_mode(), autocast(args.precision, torch.device("cpu")):
         for run in runs.values():  # warm-up
             run(batches[0][:4])
         total, subset = time_runs(runs, batches, args.naive_every)
@@ -153,7 +156,7 @@ def main() -> None:
           f"({count_parameters(model) / 1e6:.1f}M parameters, vocab {model.cfg.vocab_size}); "
           f"{len(lines)} sentences of {args.source} in {len(batches)} batches of <= "
           f"{args.max_tokens} source tokens (mean {sum(map(len, src)) / len(src):.1f}); "
-          f"{torch.get_num_threads()} CPU threads")
+          f"{torch.get_num_threads()} CPU threads, {args.precision}")
     print("output length: " + (
         f"fixed at {fixed} tokens + EOS for every method (min_len = max_len)" if fixed else
         "up to max_len = 1.2 |x| + 10 tokens for every method (a random model runs to it)"))

@@ -164,6 +164,8 @@ def main() -> None:
         if device.type == "cuda":
             extra += f"  peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
         print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
+        rounds = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["ours"], rates["torch"]))
+        print(f"{'':<10}rounds (this trainer/nn.Transformer): {rounds}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.test_model import PAD, pad_batch, tiny_model
-from transformer.loss import label_smoothed_nll
+from transformer.loss import label_smoothed_nll, logsumexp
 
 V = 11
 
@@ -99,3 +99,8 @@ def test_forward_positions_give_the_same_logits_as_the_full_output():
     torch.testing.assert_close(selected, full[real])
     with pytest.raises(ValueError, match="positions must be a bool tensor"):
         model(src, tgt, real.long())
+
+
+def test_logsumexp_matches_torch_on_flat_and_very_peaked_rows():
+    x = torch.cat([torch.randn(3, V), 200 * torch.randn(3, V)]).double()  # exp underflows in the second half
+    torch.testing.assert_close(logsumexp(x), torch.logsumexp(x, dim=-1))

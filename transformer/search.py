@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from transformer.config import DecodeConfig
+from transformer.loss import logsumexp
 from transformer.model import DecoderCache
 
 
@@ -98,7 +99,7 @@ class _Stepper:
             new = self.tgt_ids if not len(self.cache) else self.tgt_ids[:, -1:]
             logits = self.model.decode(new, self.memory, self.src_ids, self.cache)
         logits = logits[:, -1].float()
-        return logits, logits.logsumexp(dim=-1)
+        return logits, logsumexp(logits)  # clamped exp: fast on a confident model's logits
 
     def append(self, tokens: torch.Tensor) -> None:
         self.tgt_ids = torch.cat([self.tgt_ids, tokens[:, None]], dim=1)
