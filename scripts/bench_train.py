@@ -27,9 +27,9 @@ from transformer.batching import Batch, TokenBatchSampler, collate, token_length
 from transformer.config import DataConfig, ModelConfig, to_dataclass
 from transformer.data import prepare_data
 from transformer.layers import sinusoid_table
-from transformer.loss import label_smoothed_nll
 from transformer.model import build_model, count_parameters
 from transformer.runtime import autocast, keep_large_blocks_in_the_heap
+from transformer.trainer import batch_loss
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")
@@ -62,16 +62,14 @@ class TorchTransformerMT(nn.Module):
         return self.out(h)
 
 
-def ours_loss(model, batch: Batch, eps: float) -> torch.Tensor:
-    """What Trainer._loss does: logits at the real target positions only, the fused loss."""
-    real = batch.tgt_out_ids != batch.pad_id
-    loss, _ = label_smoothed_nll(model(batch.src_ids, batch.tgt_in_ids, real), batch.tgt_out_ids[real],
-                                 eps, batch.pad_id)
-    return loss
+def ours_loss(model, batch: Batch, eps: float, precision: str, device: torch.device) -> torch.Tensor:
+    """The trainer's own loss: logits at the real target positions only, the fused loss."""
+    return batch_loss(model, batch, eps, precision, device)[0]
 
 
-def torch_loss(model, batch: Batch, eps: float) -> torch.Tensor:
-    logits = model(batch.src_ids, batch.tgt_in_ids)
+def torch_loss(model, batch: Batch, eps: float, precision: str, device: torch.device) -> torch.Tensor:
+    with autocast(precision, device):
+        logits = model(batch.src_ids, batch.tgt_in_ids)
     return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out_ids.flatten(),
                            ignore_index=batch.pad_id, label_smoothing=eps, reduction="sum")
 
@@ -83,8 +81,7 @@ def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str,
     tokens, t0 = 0, time.perf_counter()
     for batch in batches:
         n = batch.n_tgt_tokens
-        with autocast(precision, device):
-            loss = loss_fn(model, batch, 0.1)
+        loss = loss_fn(model, batch, 0.1, precision, device)
         (loss / n).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -46,6 +46,18 @@ class TrainState:
     train_seconds: float = 0.0
 
 
+def batch_loss(net: torch.nn.Module, batch: Batch, label_smoothing: float, precision: str,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed label-smoothed loss and NLL of a batch; logits only at non-padding targets.
+
+    The model runs under `precision`'s autocast; the loss is computed in fp32.
+    """
+    real = batch.tgt_out_ids != batch.pad_id  # (B, T)
+    with autocast(precision, device):
+        logits = net(batch.src_ids, batch.tgt_in_ids, real)  # (N, V)
+    return label_smoothed_nll(logits, batch.tgt_out_ids[real], label_smoothing, batch.pad_id)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_config_yaml: str, data: PreparedData,
                  model: Transformer, device: torch.device, dist_info: DistInfo) -> None:
@@ -124,12 +136,7 @@ class Trainer:
             self.state.epoch, self.state.batch_index = epoch + 1, 0
 
     def _loss(self, net: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed label-smoothed loss and NLL of a batch; logits only at non-padding targets."""
-        real = batch.tgt_out_ids != self.tokenizer.pad_id  # (B, T)
-        with autocast(self.tc.precision, self.device):
-            logits = net(batch.src_ids, batch.tgt_in_ids, real)  # (N, V)
-        return label_smoothed_nll(logits, batch.tgt_out_ids[real], self.cfg.optim.label_smoothing,
-                                  self.tokenizer.pad_id)
+        return batch_loss(net, batch, self.cfg.optim.label_smoothing, self.tc.precision, self.device)
 
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One optimizer update over `batches` (gradient accumulation). Returns metrics."""
