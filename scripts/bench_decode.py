@@ -27,12 +27,13 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from torch.utils.flop_counter import FlopCounterMode
 
 from transformer.checkpoint import load_model
 from transformer.config import ModelConfig, to_dataclass
 from transformer.corpus import read_lines, resolve
 from transformer.model import build_model, count_parameters
-from transformer.runtime import autocast
+from transformer.runtime import autocast, keep_large_blocks_in_the_heap
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
 from transformer.translate import encode_sources, length_batches, pad
@@ -120,6 +121,24 @@ def time_runs(runs: dict, batches: list[torch.Tensor], naive_every: int) -> tupl
     return total, subset
 
 
+def count_flops(runs: dict, batches: list[torch.Tensor], naive_every: int) -> dict:
+    """Matrix-product FLOPs (mm, addmm, bmm, as torch's FlopCounterMode counts them) per
+    sentence of each method, on the batches the naive methods are timed on.
+
+    The arithmetic each method must do, whatever the machine: the ratio of two methods'
+    FLOPs is the speed-up a purely compute-bound run would show.
+    """
+    flops = {}
+    for name, run in runs.items():
+        total, sentences = 0, 0
+        for src_ids in batches[::naive_every]:
+            with FlopCounterMode(display=False) as counter:
+                sentences += len(run(src_ids))
+            total += counter.get_total_flops()
+        flops[name] = total / sentences
+    return flops
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a checkpoint directory (default: random small model)")
@@ -141,6 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_large_blocks_in_the_heap()  # as mt-translate does on CPU (transformer/runtime.py)
     model, tokenizer = load_or_build(args)
     lines = read_lines(resolve(args.source))[: args.sentences]
     src = encode_sources(tokenizer, lines, model.cfg.max_len)
@@ -152,6 +172,7 @@ def main() -> None:
         for run in runs.values():  # warm-up
             run(batches[0][:4])
         total, subset = time_runs(runs, batches, args.naive_every)
+        flops = count_flops(runs, batches, args.naive_every)
     print(f"model: {'checkpoint ' + args.checkpoint if args.checkpoint else 'random small'} "
           f"({count_parameters(model) / 1e6:.1f}M parameters, vocab {model.cfg.vocab_size}); "
           f"{len(lines)} sentences of {args.source} in {len(batches)} batches of <= "
@@ -161,10 +182,10 @@ def main() -> None:
         f"fixed at {fixed} tokens + EOS for every method (min_len = max_len)" if fixed else
         "up to max_len = 1.2 |x| + 10 tokens for every method (a random model runs to it)"))
     print("tokens/s: tokens of the returned (best) hypothesis + EOS, not of every beam")
-    print(report(total, subset, args.naive_every, f"beam {args.beam}"))
+    print(report(total, subset, flops, args.naive_every, f"beam {args.beam}"))
 
 
-def report(total: dict, subset: dict, naive_every: int, beam: str) -> str:
+def report(total: dict, subset: dict, flops: dict, naive_every: int, beam: str) -> str:
     def rate(stats: dict, name: str) -> float:
         return stats[name]["sentences"] / stats[name]["seconds"]
 
@@ -175,13 +196,18 @@ def report(total: dict, subset: dict, naive_every: int, beam: str) -> str:
                     f"{s['seconds']:.1f} | {rate(total, name):.1f} | "
                     f"{s['tokens'] / s['seconds']:.0f} |")
     rows.append(f"\nsame {subset['greedy, naive']['sentences']} sentences (every {naive_every}-th "
-                "batch), cached / naive:")
+                "batch): speed ratio, and the ratio of matrix-product FLOPs per sentence "
+                "(what a compute-bound run would show)")
     for method in ("greedy", beam):
         if f"{method}, naive" in subset:
             speedup = rate(subset, f"{method}, cached") / rate(subset, f"{method}, naive")
-            rows.append(f"  {method}: {speedup:.2f}x")
-    rows.append(f"all sentences, {beam} cached / greedy cached: "
+            arithmetic = flops[f"{method}, naive"] / flops[f"{method}, cached"]
+            rows.append(f"  {method} cached / naive: {speedup:.2f}x (FLOPs: {arithmetic:.2f}x)")
+    arithmetic = flops["greedy, cached"] / flops[f"{beam}, cached"]
+    rows.append(f"  {beam} cached / greedy cached: {rate(subset, f'{beam}, cached') / rate(subset, 'greedy, cached'):.2f}x "
+                f"(FLOPs: {arithmetic:.2f}x); on all sentences: "
                 f"{rate(total, f'{beam}, cached') / rate(total, 'greedy, cached'):.2f}x")
+    rows.append("GFLOP per sentence: " + ", ".join(f"{name} {f / 1e9:.3f}" for name, f in flops.items()))
     return "\n".join(rows)
 
 

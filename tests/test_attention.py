@@ -110,14 +110,33 @@ def test_fused_and_explicit_paths_agree():
     module = mha()
     x, kv = inputs()
     mask = padded_mask() & torch.ones(T, S, dtype=torch.bool).tril()
+    module.use_sdpa = True  # the CUDA path, run here on CPU
     fused = module(x, kv, mask)
-    module.store_weights = True
+    module.use_sdpa = False
     explicit = module(x, kv, mask)
     torch.testing.assert_close(fused, explicit, atol=1e-6, rtol=1e-5)
+    module.store_weights = True  # explicit, keeping the weights
+    torch.testing.assert_close(module(x, kv, mask), explicit, atol=0, rtol=0)
 
 
-def test_no_nan_under_bf16_autocast():
+def test_cpu_uses_the_explicit_path_unless_told(monkeypatch):
     module = mha()
+    x, kv = inputs()
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(1) or real_sdpa(*args, **kwargs))
+    module(x, kv, padded_mask())
+    assert not calls
+    module.use_sdpa = True
+    module(x, kv, padded_mask())
+    assert calls
+
+
+@pytest.mark.parametrize("use_sdpa", [False, True])
+def test_no_nan_under_bf16_autocast(use_sdpa):
+    module = mha()
+    module.use_sdpa = use_sdpa
     x, kv = inputs()
     for store in (False, True):
         module.store_weights = store
@@ -127,9 +146,11 @@ def test_no_nan_under_bf16_autocast():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("store_weights", [False, True])
-def test_all_masked_row_gives_zeros_not_nan_in_half_precision(dtype, store_weights):
+@pytest.mark.parametrize("use_sdpa", [False, True])
+def test_all_masked_row_gives_zeros_not_nan_in_half_precision(dtype, use_sdpa):
     module = mha().to(dtype)
+    module.use_sdpa = use_sdpa
+    store_weights = not use_sdpa
     module.store_weights = store_weights
     x, kv = inputs(dtype=dtype)
     try:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.model import DecoderCache, Transformer
 
@@ -154,9 +155,13 @@ def decode_step_by_step(model, tgt, memory, src, cache=None, start=0):
     return torch.cat(steps, dim=1), cache
 
 
+@pytest.mark.parametrize("use_sdpa", [False, True], ids=["explicit", "sdpa"])
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
-def test_cached_incremental_decoding_equals_full_decoding(pre_norm):
+def test_cached_incremental_decoding_equals_full_decoding(pre_norm, use_sdpa):
     model = tiny_model(pre_norm)
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.use_sdpa = use_sdpa
     src, tgt = pad_batch(SRC), pad_batch(TGT)
     with torch.no_grad():
         memory = model.encode(src)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.model import Transformer
 
@@ -77,9 +78,14 @@ def additive(keep: torch.Tensor) -> torch.Tensor:
     return torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
 
 
+@pytest.mark.parametrize("use_sdpa", [False, True], ids=["explicit", "sdpa"])
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
-def test_same_outputs_as_torch_nn_transformer_on_a_padded_batch(pre_norm):
+def test_same_outputs_as_torch_nn_transformer_on_a_padded_batch(pre_norm, use_sdpa):
+    """Both attention paths: the explicit product (CPU's) and SDPA (CUDA's), run on CPU."""
     model = ours(pre_norm)
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.use_sdpa = use_sdpa
     enc, dec = reference(model)
     s, t = SRC.size(1), TGT.size(1)
     # Same input for both: embeddings * sqrt(D) + sinusoidal positions (no dropout).

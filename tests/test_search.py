@@ -12,6 +12,7 @@ from transformer.model import DecoderCache, build_model
 from transformer.search import (
     Hypothesis,
     beam_search,
+    best_continuations,
     greedy_search,
     length_penalty,
     max_lengths,
@@ -231,3 +232,21 @@ def test_beam_finds_at_least_the_greedy_score(tiny_model, padded_batch):
     beam = beam_search(tiny_model, padded_batch, beam_size=4, **kw)
     for g, b in zip(greedy, beam, strict=True):
         assert b[0].score >= g.score - 1e-5
+
+
+@pytest.mark.parametrize("w, n, v", [(1, 10, 50), (5, 10, 50), (3, 4, 3), (4, 8, 2)])
+def test_best_continuations_equal_ranking_every_row_and_token(w, n, v):
+    """Ranking each row's n best tokens finds the same n best (row, token) pairs as
+    ranking all W*V of a sentence, also when n exceeds the vocabulary."""
+    torch.manual_seed(0)
+    a = 6
+    logits, offset = torch.randn(a * w, v), torch.randn(a * w)
+    logits[0, :] = -math.inf  # a row with every token forbidden (max_len reached elsewhere)
+    logits[0, 1] = 0.5
+    scores, beam, token = best_continuations(logits, offset, w, n)
+    full = (logits + offset[:, None]).view(a, w * v)
+    expected_scores, expected_idx = full.topk(min(n, w * v), dim=-1)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = expected_scores.isfinite()
+    assert torch.equal(beam[finite], (expected_idx // v)[finite])
+    assert torch.equal(token[finite], (expected_idx % v)[finite])

@@ -20,7 +20,7 @@ from transformer import checkpoint as ckpt
 from transformer.config import TrainConfig, to_dataclass
 from transformer.corpus import PROJECT_ROOT
 from transformer.train import train
-from transformer.trainer import Trainer
+from transformer.trainer import Trainer, bleu_sample
 
 CONFIGS = PROJECT_ROOT / "configs"
 DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_threads=1"]
@@ -225,3 +225,13 @@ def test_resuming_with_a_different_vocabulary_is_a_clear_error(tmp_path):
     run(tmp_path / "run", "trainer.max_steps=2")
     with pytest.raises(ckpt.CheckpointError, match="tokenizer differs"):
         run(tmp_path / "run", "trainer.max_steps=4", "trainer.resume=auto", "data.vocab_size=250")
+
+
+def test_validation_bleu_sample_spans_the_whole_dev_set():
+    """Dev files may be sorted by length: validation samples them evenly, not their head."""
+    picked = bleu_sample(2000, 500)
+    assert len(picked) == 500 == len(set(picked))
+    assert picked[0] == 0 and picked[-1] >= 1996 and picked == sorted(picked)
+    assert bleu_sample(30, None) == list(range(30)) == bleu_sample(30, 100)
+    with pytest.raises(ValueError, match="val_bleu_sentences"):
+        bleu_sample(30, 0)

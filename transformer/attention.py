@@ -3,10 +3,10 @@
 Shapes: B batch, T query length, S key length, D d_model, H heads, Dh = D / H.
 
 Masks arrive as bool tensors (True = may attend) that broadcast against (B, H, T, S);
-see `masks.py`. They become scores here and nowhere else: the fused path hands the bool
-mask to `F.scaled_dot_product_attention` (which adds -inf before the softmax, and lets
-CUDA choose a fused kernel); the explicit path, used when the weights are wanted,
-does `masked_fill(~mask, finfo.min)` before the softmax.
+see `masks.py`. They become scores here and nowhere else: the fused path (CUDA) hands the
+bool mask to `F.scaled_dot_product_attention` (which adds -inf before the softmax, and
+lets CUDA choose a fused kernel); the explicit path (CPU, and wherever the weights are
+wanted) does `masked_fill(~mask, finfo.min)` before the softmax.
 
 A query row whose keys are all masked (an all-padding sequence) would be a softmax over
 nothing, i.e. 0/0 = NaN. Such rows are opened to every key for the computation and
@@ -15,13 +15,11 @@ their output is then set to exactly zero, in every dtype.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -70,6 +68,13 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.store_weights = False  # set True to keep `self.weights` (B, H, T, S)
+        # None: F.scaled_dot_product_attention on CUDA (fused flash / memory-efficient
+        # kernels), the explicit product on CPU. On CPU the explicit product is SDPA's math
+        # kernel without its scaling of a transposed copy of K, which on a decoding step
+        # (one query per row against every cached key) cost more than the product itself
+        # (beam 5 rows: 34 -> 5 ms per call); SDPA's fused CPU kernel is slower still on
+        # sentence-length sequences. True/False force a path (tests use both on CPU).
+        self.use_sdpa: bool | None = None
         self.weights: torch.Tensor | None = None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,17 +115,15 @@ class MultiHeadAttention(nn.Module):
         q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
         k, v = self._keys_values(kv, cache, static_kv)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
-        if self.store_weights:
+        use_sdpa = q.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
+        if self.store_weights or not use_sdpa:
             w = attention_weights(q, k, mask)
-            self.weights = w.detach()
+            if self.store_weights:
+                self.weights = w.detach()
             out = F.dropout(w, p, self.training) @ v
-        else:
+        else:  # CUDA: SDPA picks a fused (flash / memory-efficient) kernel
             open_mask, has_key = _open_empty_rows(mask)
-            # For sentence-length sequences the math kernel is ~1.5x faster than the fused
-            # CPU kernel SDPA would pick (scripts/bench_train.py, bf16); CUDA keeps its choice.
-            kernel = sdpa_kernel(SDPBackend.MATH) if q.device.type == "cpu" else nullcontext()
-            with kernel:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)
             out = out.masked_fill(~has_key, 0.0)  # rows with no key: zeros, not NaN
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))

@@ -98,7 +98,7 @@ class TrainerConfig:
     resume: str = "auto"  # auto | never | <checkpoint dir>
     log_every: int = 50
     val_every: int = 1000
-    val_bleu_sentences: int = 500  # dev sentences decoded greedily at each validation
+    val_bleu_sentences: int | None = 500  # dev sentences (evenly spaced; null: all) decoded greedily at each validation
     val_max_tokens: int = 6000
     keep_last: int = 3
     patience: int | None = None  # validations without a better dev BLEU before stopping

@@ -187,11 +187,8 @@ def beam_search(
     while alive.numel():
         w = scores.size(1)
         logits, lse = stepper.logits()  # (A*W, V), (A*W,)
-        v = logits.size(-1)
         logits = _constrain(logits, step, max_len[alive].repeat_interleave(w), min_len, eos)
-        cand = (logits + (scores.view(-1) - lse)[:, None]).view(-1, w * v)  # (A, W*V)
-        top_scores, top_idx = cand.topk(min(2 * k, w * v), dim=-1)  # (A, 2K), best first
-        top_beam, top_tok = top_idx // v, top_idx % v
+        top_scores, top_beam, top_tok = best_continuations(logits, scores.view(-1) - lse, w, 2 * k)
         step += 1
         _collect_finished(finished, alive, stepper.tgt_ids, top_scores, top_beam, top_tok,
                           w, k, eos, length_penalty(step, lenpen))
@@ -212,6 +209,25 @@ def beam_search(
     for hyps in finished:
         hyps.sort(key=lambda h: h.score, reverse=True)
     return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished]
+
+
+def best_continuations(
+    logits: torch.Tensor, offset: torch.Tensor, w: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The n best (row, token) continuations of each sentence, best first.
+
+    logits (A*W, V) of W rows per sentence; a continuation scores logits[r, v] + offset[r]
+    (offset: the row's score so far minus its logsumexp). Returns (scores, beam, token),
+    each (A, min(n, W*V)); beam in [0, W).
+
+    A sentence's n best continuations are among each row's n best tokens, since a row's
+    offset shifts all its tokens alike: so rank the (A, W*n) row winners, not (A, W*V).
+    """
+    c = min(n, logits.size(-1))
+    row_top, row_tok = logits.topk(c, dim=-1)  # (A*W, C)
+    cand = (row_top + offset[:, None]).view(-1, w * c)  # (A, W*C)
+    top_scores, top_idx = cand.topk(min(n, w * c), dim=-1)  # (A, n), best first
+    return top_scores, top_idx // c, row_tok.view(-1, w * c).gather(1, top_idx)
 
 
 def _collect_finished(finished, alive, tgt_ids, top_scores, top_beam, top_tok, w, k, eos, lp):

@@ -58,6 +58,16 @@ def batch_loss(net: torch.nn.Module, batch: Batch, label_smoothing: float, preci
     return label_smoothed_nll(logits, batch.tgt_out_ids[real], label_smoothing, batch.pad_id)
 
 
+def bleu_sample(n_dev: int, n: int | None) -> list[int]:
+    """Indices of the dev sentences validation translates: n evenly spaced ones (all when n is
+    None or >= n_dev), so a dev file sorted by length is sampled over all its lengths."""
+    if n is None or n >= n_dev:
+        return list(range(n_dev))
+    if n < 1:
+        raise ValueError(f"trainer.val_bleu_sentences={n}: need at least 1 (or null for all)")
+    return [i * n_dev // n for i in range(n)]
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_config_yaml: str, data: PreparedData,
                  model: Transformer, device: torch.device, dist_info: DistInfo) -> None:
@@ -182,8 +192,9 @@ class Trainer:
             loss, nll = self._loss(self.model, batch)
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
             n_tokens += batch.n_tgt_tokens
-        n = min(self.tc.val_bleu_sentences, len(dev))
-        src, refs = dev["src"][:n], dev["tgt"][:n]
+        picked = bleu_sample(len(dev), self.tc.val_bleu_sentences)
+        sample = dev.select(picked)
+        src, refs = list(sample["src"]), list(sample["tgt"])
         hyps = translate_lines(self.model, self.tokenizer, src, self.cfg.decode, self.device)
         metrics = {
             "loss": loss_sum / n_tokens, "nll": nll_sum / n_tokens,
