@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from transformer.attention import MultiHeadAttention
 from transformer.checkpoint import load_model
 from transformer.config import ModelConfig, to_dataclass
 from transformer.corpus import read_lines, resolve
@@ -154,6 +157,9 @@ def main() -> None:
     parser.add_argument("--naive-beam", action="store_true", help="also time naive beam search")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                         help="bf16: every method under bf16 autocast (AMX/AVX-512 CPUs)")
+    parser.add_argument("--attention", default="explicit", choices=["explicit", "sdpa-math"],
+                        help="sdpa-math: attention through SDPA's math kernel, as attention.py "
+                             "did on CPU before (for comparison)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads; 1 (default) gives steady figures on a "
                              "shared 2-core machine; 0 keeps torch's default")
@@ -168,7 +174,12 @@ def main() -> None:
     batches = [pad([src[i] for i in b], tokenizer.pad_id)
                for b in reversed(length_batches([len(s) for s in src], args.max_tokens))]
     runs, fixed = methods(model, args)
-    with torch.inference_mode(), autocast(args.precision, torch.device("cpu")):
+    if args.attention == "sdpa-math":
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.use_sdpa = True
+    kernel = sdpa_kernel(SDPBackend.MATH) if args.attention == "sdpa-math" else nullcontext()
+    with torch.inference_mode(), autocast(args.precision, torch.device("cpu")), kernel:
         for run in runs.values():  # warm-up
             run(batches[0][:4])
         total, subset = time_runs(runs, batches, args.naive_every)
@@ -177,7 +188,7 @@ def main() -> None:
           f"({count_parameters(model) / 1e6:.1f}M parameters, vocab {model.cfg.vocab_size}); "
           f"{len(lines)} sentences of {args.source} in {len(batches)} batches of <= "
           f"{args.max_tokens} source tokens (mean {sum(map(len, src)) / len(src):.1f}); "
-          f"{torch.get_num_threads()} CPU threads, {args.precision}")
+          f"{torch.get_num_threads()} CPU threads, {args.precision}, {args.attention} attention")
     print("output length: " + (
         f"fixed at {fixed} tokens + EOS for every method (min_len = max_len)" if fixed else
         "up to max_len = 1.2 |x| + 10 tokens for every method (a random model runs to it)"))

@@ -7,6 +7,7 @@ rounds, so that the machine's noise hits both alike. Prints target tokens/s and 
 in fp32 and bf16 autocast.
 
     python scripts/bench_train.py                      # small model, fp32 and bf16
+    python scripts/bench_train.py --baseline sdpa-math --precisions bf16   # attention paths
     python scripts/bench_train.py --model base --steps 10 --precisions bf16 --peak-tflops 989   # a GPU
 """
 
@@ -22,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer.attention import MultiHeadAttention
 from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
 from transformer.config import DataConfig, ModelConfig, to_dataclass
 from transformer.data import prepare_data
@@ -74,6 +77,25 @@ def torch_loss(model, batch: Batch, eps: float, precision: str, device: torch.de
                            ignore_index=batch.pad_id, label_smoothing=eps, reduction="sum")
 
 
+def sdpa_math_loss(model, batch: Batch, eps: float, precision: str, device: torch.device) -> torch.Tensor:
+    """This trainer's loss with every attention through SDPA's math kernel (--baseline sdpa-math)."""
+    with sdpa_kernel(SDPBackend.MATH):
+        return batch_loss(model, batch, eps, precision, device)[0]
+
+
+def build_baseline(name: str, cfg: ModelConfig, device: torch.device):
+    """(model, loss function) of the baseline: nn.Transformer, or this trainer's model whose
+    attention runs through SDPA's math kernel instead of the explicit CPU product."""
+    if name == "torch":
+        return TorchTransformerMT(cfg).to(device), torch_loss
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.use_sdpa = True
+    return model, sdpa_math_loss
+
+
 def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str,
               device: torch.device = CPU) -> tuple[float, int]:
     """Full training steps over `batches` (already on `device`); returns (seconds, target tokens)."""
@@ -111,6 +133,9 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--baseline", default="torch", choices=["torch", "sdpa-math"],
+                    help="torch: a plain nn.Transformer; sdpa-math: this trainer with attention "
+                         "through SDPA's math kernel (what attention.py did on CPU before)")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the device's dense peak at this precision, to print model FLOPs utilisation "
                          "(H100 SXM bf16: 989; H200: 989)")
@@ -135,12 +160,12 @@ def main() -> None:
           f"batches={len(batches)} x ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens")
     print(f"parameters: this trainer {count_parameters(build_model(model_cfg)):,}, "
           f"nn.Transformer {count_parameters(TorchTransformerMT(model_cfg)):,} (its final LayerNorms)")
-    print(f"{'precision':<10}{'this trainer tok/s':>20}{'nn.Transformer tok/s':>22}{'ratio':>8}")
+    base_name = "nn.Transformer" if args.baseline == "torch" else "SDPA math"
+    print(f"{'precision':<10}{'this trainer tok/s':>20}{base_name + ' tok/s':>22}{'ratio':>8}")
     for precision in args.precisions:
         torch.manual_seed(0)
         ours = build_model(model_cfg).to(device)
-        base = TorchTransformerMT(model_cfg).to(device)
-        runs = {"ours": (ours, ours_loss), "torch": (base, torch_loss)}
+        runs = {"ours": (ours, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
         opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
                 for k, (m, _) in runs.items()}
         for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
@@ -162,7 +187,7 @@ def main() -> None:
             extra += f"  peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
         print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
         rounds = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["ours"], rates["torch"]))
-        print(f"{'':<10}rounds (this trainer/nn.Transformer): {rounds}")
+        print(f"{'':<10}rounds (this trainer/{base_name}): {rounds}")
 
 
 if __name__ == "__main__":
