@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import subprocess
@@ -96,6 +97,21 @@ def test_cli_file_in_file_out_keeps_lines(checkpoint, loaded, tmp_path, monkeypa
     expected = translate.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST))
     assert read_lines(out) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.it", "out.en"]  # no Hydra litter
+
+
+def test_cli_reads_stdin_and_names_a_bad_line(checkpoint, loaded, monkeypatch, capsys):
+    text = "".join(f"{line}\r\n" for line in LINES)  # Windows line ends too
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    run_main(monkeypatch, f"checkpoint={checkpoint}", "decode=greedy", "decode.max_len_a=0",
+             "decode.max_len_b=6")
+    model, tokenizer = loaded
+    expected = translate.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST))
+    assert capsys.readouterr().out == "".join(f"{line}\n" for line in expected)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"Ciao\nperch\xe9?\n")))
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(monkeypatch, f"checkpoint={checkpoint}")
+    assert exit_info.value.code == ("mt-translate: error: <stdin>:2: not valid UTF-8 "
+                                    "(byte b'\\xe9' at column 6)")
 
 
 def test_cli_nbest_lines(checkpoint, monkeypatch, capsys):

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -67,17 +67,23 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"corpus file not found: {path}")
-    lines = []
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path}:{lineno}: not valid UTF-8 (byte {raw[e.start : e.start + 1]!r} "
-                    f"at column {e.start + 1})"
-                ) from None
-            lines.append(line.rstrip("\r\n"))
+        return decode_lines(f, str(path))
+
+
+def decode_lines(raw_lines: Iterable[bytes], name: str) -> list[str]:
+    """UTF-8 lines (a binary file, stdin's buffer) without their line ends or a leading BOM;
+    bad bytes raise DataError naming `name` and the line."""
+    lines = []
+    for lineno, raw in enumerate(raw_lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{name}:{lineno}: not valid UTF-8 (byte {raw[e.start : e.start + 1]!r} "
+                f"at column {e.start + 1})"
+            ) from None
+        lines.append(line.rstrip("\r\n"))
     if lines and lines[0].startswith("\ufeff"):
         lines[0] = lines[0][1:]
     return lines

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import DecodeConfig, to_dataclass
-from transformer.corpus import PROJECT_ROOT, DataError, normalize, read_lines
+from transformer.corpus import PROJECT_ROOT, DataError, decode_lines, normalize, read_lines
 from transformer.runtime import autocast, keep_large_blocks_in_the_heap, resolve_device
 from transformer.search import search
 from transformer.tokenizer import Tokenizer
@@ -171,7 +171,7 @@ def read_input(cfg: InputConfig) -> list[str]:
         return cfg.text.split("\n")
     if cfg.file is not None:
         return read_lines(cfg.file)
-    return [line.rstrip("\r\n") for line in sys.stdin]
+    return decode_lines(sys.stdin.buffer, "<stdin>")
 
 
 def write_output(lines: list[str], path: str | None) -> None:
