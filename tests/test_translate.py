@@ -78,6 +78,18 @@ def test_too_long_input_is_truncated_with_a_warning(loaded, caplog):
     assert "1 input line(s) longer than the model's limit of 32 tokens" in caplog.text
 
 
+def test_decode_defaults_depend_on_the_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")  # no CUDA needed: only the type is read
+    assert translate.resolve(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="fp32")
+    assert translate.resolve(DecodeConfig(), cuda) == DecodeConfig(max_tokens=8000, precision="bf16")
+    given = DecodeConfig(max_tokens=123, precision="fp32")
+    assert translate.resolve(given, cuda) == given
+    with pytest.raises(ValueError, match=r"decode.max_tokens=0: must be a positive number"):
+        translate.resolve(DecodeConfig(max_tokens=0), cpu)
+    with pytest.raises(ValueError, match=r"decode.precision='fp16': choose auto, fp32 or bf16"):
+        translate.resolve(DecodeConfig(precision="fp16"), cpu)
+
+
 def test_length_batches_respect_max_tokens_and_cover_every_line():
     lengths = [5, 1, 9, 3, 3, 7, 2, 20]
     batches = translate.length_batches(lengths, max_tokens=10)

@@ -118,7 +118,7 @@ class DecodeConfig:
     max_len_a: float = 1.2  # hypotheses stop at a * |x| + b tokens
     max_len_b: int = 10
     min_len: int = 1
-    max_tokens: int = 8000  # source tokens per decoding batch
+    max_tokens: int | None = None  # source tokens per decoding batch; None: 8000 on CUDA, 2000 on CPU
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
 
 

@@ -27,7 +27,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from transformer.config import DataConfig, DecodeConfig
 from transformer.corpus import PROJECT_ROOT
 from transformer.data import load_test_set
-from transformer.translate import load_for_inference, run_cli, translate_lines
+from transformer.translate import load_for_inference, resolve, run_cli, translate_lines
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         "sentences": len(src),
         **score(hyps, refs),
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
-        "decode": asdict(cfg.decode),
+        "decode": asdict(resolve(cfg.decode, device)),  # defaults filled in
         "device": str(device),
         "seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),

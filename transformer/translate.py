@@ -12,6 +12,7 @@ entry point (the trainer's dev BLEU uses it).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -90,12 +91,23 @@ def pad(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
+def resolve(cfg: DecodeConfig, device: torch.device) -> DecodeConfig:
+    """`cfg` with its device-dependent defaults filled in: precision auto -> bf16 on CUDA,
+    fp32 on CPU; max_tokens null -> 8000 source tokens per batch on CUDA, 2000 on CPU."""
+    precision = cfg.precision
     if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
+        precision = "bf16" if device.type == "cuda" else "fp32"
     if precision not in ("fp32", "bf16"):
-        raise ValueError(f"decode.precision={precision!r}: choose auto, fp32 or bf16")
-    return precision
+        raise ValueError(f"decode.precision={cfg.precision!r}: choose auto, fp32 or bf16")
+    # Measured on the small model: on a CPU, batches of 2,000 source tokens decode greedy
+    # and beam 5 about 1.16x faster than 8,000 (README, "Decoding speed").
+    max_tokens = cfg.max_tokens
+    if max_tokens is None:
+        max_tokens = 8000 if device.type == "cuda" else 2000
+    elif max_tokens < 1:
+        raise ValueError(f"decode.max_tokens={max_tokens}: must be a positive number of "
+                         "source tokens, or null for the device's default")
+    return dataclasses.replace(cfg, precision=precision, max_tokens=max_tokens)
 
 
 def translate_nbest(
@@ -113,13 +125,14 @@ def translate_nbest(
     """
     model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    cfg = resolve(cfg, device)
     src = encode_sources(tokenizer, lines, model.cfg.max_len)
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
     todo = [i for i, ids in enumerate(src) if ids]
     was_training = model.training
     model.eval()
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
-    with torch.inference_mode(), autocast(resolve_precision(cfg.precision, device), device):
+    with torch.inference_mode(), autocast(cfg.precision, device):
         for batch in length_batches([len(src[i]) for i in todo], cfg.max_tokens):
             index = [todo[j] for j in batch]
             src_ids = pad([src[i] for i in index], tokenizer.pad_id).to(device)
