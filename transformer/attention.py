@@ -88,8 +88,9 @@ class MultiHeadAttention(nn.Module):
         if cache is None:
             return self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
         if static_kv:  # cross-attention: project the memory once per source
-            if cache.k is None:
-                cache.k, cache.v = self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
+            if cache.k is None:  # contiguous, or every step's batched product copies them
+                cache.k = self._heads(self.k_proj(kv)).contiguous()
+                cache.v = self._heads(self.v_proj(kv)).contiguous()
             return cache.k, cache.v
         k, v = self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
         if cache.k is not None:  # self-attention: append the new positions
