@@ -58,6 +58,10 @@ def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path)
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert [s for s, _ in scalars(run_dir, "dev/bleu")] == [10, 20]
     assert scalars(run_dir, "train/loss")[-1][1] < scalars(run_dir, "train/loss")[0][1]
+    # Without a progress bar (trainer.progress=false) the log shows training progress.
+    logged = (run_dir / "train.log").read_text()
+    for step in (5, 10, 15, 20):
+        assert f"step {step}: loss" in logged
 
 
 def test_console_command_runs(tmp_path):

@@ -251,8 +251,12 @@ class Trainer:
             if s.step % tc.log_every == 0:
                 tok_s = window_tokens * self.dist.world_size / (time.perf_counter() - window_start)
                 self._log_train(metrics, tok_s)
+                lr = self.scheduler.get_last_lr()[0]
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tok_s:,.0f}", epoch=epoch,
-                                lr=f"{self.scheduler.get_last_lr()[0]:.1e}")
+                                lr=f"{lr:.1e}")
+                if bar.disable:  # no progress bar (trainer.progress=false): a log line instead
+                    log.info("step %d: loss %.3f, %.0f target tokens/s, lr %.2e, epoch %d",
+                             s.step, metrics["loss"], tok_s, lr, epoch)
                 window_tokens, window_start = 0, time.perf_counter()
             if s.step % tc.val_every == 0:
                 early_stop = self._validate_and_save()
