@@ -211,7 +211,8 @@ def main() -> None:
           f"{args.attention} attention")
     print("output length: " + (
         f"fixed at {fixed} tokens + EOS for every method (min_len = max_len)" if fixed else
-        "up to max_len = 1.2 |x| + 10 tokens for every method (a random model runs to it)"))
+        "up to max_len = 1.2 |x| + 10 tokens for every method "
+        + ("(a trained model stops at EOS)" if args.checkpoint else "(a random model runs to it)")))
     print("tokens/s: tokens of the returned (best) hypothesis + EOS, not of every beam")
     beam = f"beam {args.beam}"
     ratios = {}
