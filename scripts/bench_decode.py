@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer.attention import MultiHeadAttention
+from transformer.attention import set_attention_path
 from transformer.checkpoint import load_model
 from transformer.config import ModelConfig, to_dataclass
 from transformer.corpus import read_lines, resolve
@@ -192,9 +192,7 @@ def main() -> None:
             [pad([src[i]], tokenizer.pad_id) for i in range(0, len(src), step)][: args.single], 1)
     runs, fixed = methods(model, args)
     if args.attention == "sdpa-math":
-        for module in model.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.use_sdpa = True
+        set_attention_path(model, True)
     kernel = sdpa_kernel(SDPBackend.MATH) if args.attention == "sdpa-math" else nullcontext()
     results = {}
     with torch.inference_mode(), autocast(args.precision, torch.device("cpu")), kernel:

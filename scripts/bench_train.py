@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.attention import MultiHeadAttention
+from transformer.attention import set_attention_path
 from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
 from transformer.config import DataConfig, ModelConfig, to_dataclass
 from transformer.data import prepare_data
@@ -90,9 +90,7 @@ def build_baseline(name: str, cfg: ModelConfig, device: torch.device):
         return TorchTransformerMT(cfg).to(device), torch_loss
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
-    for module in model.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.use_sdpa = True
+    set_attention_path(model, True)
     return model, sdpa_math_loss
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.attention import MultiHeadAttention
+from transformer.attention import set_attention_path
 from transformer.config import ModelConfig
 from transformer.model import DecoderCache, Transformer
 
@@ -159,9 +159,7 @@ def decode_step_by_step(model, tgt, memory, src, cache=None, start=0):
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
 def test_cached_incremental_decoding_equals_full_decoding(pre_norm, use_sdpa):
     model = tiny_model(pre_norm)
-    for module in model.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.use_sdpa = use_sdpa
+    set_attention_path(model, use_sdpa)
     src, tgt = pad_batch(SRC), pad_batch(TGT)
     with torch.no_grad():
         memory = model.encode(src)

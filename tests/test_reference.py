@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.attention import MultiHeadAttention
+from transformer.attention import set_attention_path
 from transformer.config import ModelConfig
 from transformer.model import Transformer
 
@@ -83,9 +83,7 @@ def additive(keep: torch.Tensor) -> torch.Tensor:
 def test_same_outputs_as_torch_nn_transformer_on_a_padded_batch(pre_norm, use_sdpa):
     """Both attention paths: the explicit product (CPU's) and SDPA (CUDA's), run on CPU."""
     model = ours(pre_norm)
-    for module in model.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.use_sdpa = use_sdpa
+    set_attention_path(model, use_sdpa)
     enc, dec = reference(model)
     s, t = SRC.size(1), TGT.size(1)
     # Same input for both: embeddings * sqrt(D) + sinusoidal positions (no dropout).

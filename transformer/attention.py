@@ -128,3 +128,11 @@ class MultiHeadAttention(nn.Module):
             out = out.masked_fill(~has_key, 0.0)  # rows with no key: zeros, not NaN
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+def set_attention_path(model: nn.Module, use_sdpa: bool | None) -> None:
+    """Set the attention path of every `MultiHeadAttention` in `model`: True SDPA, False the
+    explicit product, None the default (SDPA on CUDA, explicit on CPU)."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.use_sdpa = use_sdpa
