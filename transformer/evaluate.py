@@ -67,14 +67,15 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     if cfg.max_sentences is not None:
         src, refs = src[: cfg.max_sentences], refs[: cfg.max_sentences]
     start = time.perf_counter()
-    hyps = translate_lines(model, tokenizer, src, cfg.decode, device, progress=cfg.progress)
+    decode = resolve(cfg.decode, device)  # device defaults filled in: what runs is what the report says
+    hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress)
     seconds = time.perf_counter() - start
     report = {
         "test_set": cfg.test_set,
         "sentences": len(src),
         **score(hyps, refs),
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
-        "decode": asdict(resolve(cfg.decode, device)),  # defaults filled in
+        "decode": asdict(decode),
         "device": str(device),
         "seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
