@@ -38,14 +38,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer.attention import set_attention_path
+from transformer.batching import length_batches, pad
 from transformer.checkpoint import load_model
 from transformer.config import ModelConfig, to_dataclass
-from transformer.corpus import read_lines, resolve
+from transformer.corpus import project_path, read_lines
+from transformer.decoding import encode_sources
 from transformer.model import build_model, count_parameters
 from transformer.runtime import autocast, keep_large_blocks_in_the_heap
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
-from transformer.translate import encode_sources, length_batches, pad
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,7 +180,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     keep_large_blocks_in_the_heap()  # as mt-translate does on CPU (transformer/runtime.py)
     model, tokenizer = load_or_build(args)
-    lines = read_lines(resolve(args.source))[: args.sentences]
+    lines = read_lines(project_path(args.source))[: args.sentences]
     src = encode_sources(tokenizer, lines, model.cfg.max_len)
     # Shortest first: the warm-up below then uses a short batch.
     regimes = {f"batches of <= {max_tokens} source tokens": (

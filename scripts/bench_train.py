@@ -30,9 +30,9 @@ from transformer.batching import Batch, TokenBatchSampler, collate, token_length
 from transformer.config import DataConfig, ModelConfig, to_dataclass
 from transformer.data import prepare_data
 from transformer.layers import sinusoid_table
+from transformer.loss import batch_loss
 from transformer.model import build_model, count_parameters
 from transformer.runtime import autocast, keep_large_blocks_in_the_heap
-from transformer.trainer import batch_loss
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")

@@ -1,7 +1,14 @@
-"""Shared test settings: one torch thread (tiny models; no oversubscription on 2 cores)."""
+"""Shared test settings: one torch thread, and the same precision on every CPU.
+
+`precision: auto` picks bf16 on CPUs with native bf16 (AMX, AVX512-BF16) and fp32 on the
+others. The suite runs as on the latter everywhere, so that its results do not depend on
+the machine; tests/test_runtime.py covers both kinds by mocking the capability.
+"""
 
 import pytest
 import torch
+
+from transformer import runtime
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -10,3 +17,8 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_without_native_bf16(monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_bf16_support", lambda: (False, "mocked by the test suite"))

@@ -8,8 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from transformer.config import TrainConfig, to_dataclass
-from transformer.corpus import PROJECT_ROOT
+from transformer.config import PROJECT_ROOT, TrainConfig, to_dataclass
 from transformer.train import train
 
 if __name__ == "__main__":

@@ -6,41 +6,22 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 from safetensors.torch import load_file
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer import checkpoint as ckpt
-from transformer.config import TrainConfig, to_dataclass
-from transformer.corpus import PROJECT_ROOT
-from transformer.train import train
-from transformer.trainer import Trainer, bleu_sample
+from transformer.config import PROJECT_ROOT, TrainConfig, to_dataclass
+from transformer.rundir import RunDirError
+from transformer.trainer import Trainer
+from transformer.validation import bleu_sample
+
+from helpers import DEBUG, compose_cfg, run, scalars
 
 CONFIGS = PROJECT_ROOT / "configs"
-DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_threads=1"]
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
-
-
-def run(tmp: Path, *overrides: str) -> Trainer:
-    cfg = compose_cfg(*DEBUG, f"trainer.run_dir={tmp}", f"data.cache_dir={tmp.parent / 'cache'}",
-                      *overrides)
-    return train(to_dataclass(TrainConfig, cfg), OmegaConf.to_yaml(cfg))
-
-
-def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(run_dir / "tb"))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
 def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path):
@@ -72,6 +53,29 @@ def test_console_command_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "checkpoints" / "step_3" / "model.safetensors").is_file()
     assert not (tmp_path / "outputs").exists()  # Hydra leaves no litter in the working dir
+
+
+def test_logged_loss_is_the_token_weighted_mean_of_the_window(tmp_path, monkeypatch):
+    """Not the last batch's loss, which jumps with its length bucket (fairseq logs the same)."""
+    steps = []
+    real_step = Trainer.train_step
+
+    def recording(self, batches):
+        out = real_step(self, batches)
+        steps.append(out)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    run(tmp_path / "run", "trainer.max_steps=10", "trainer.log_every=5", "trainer.val_every=100")
+    logged = dict(scalars(tmp_path / "run", "train/loss"))
+    for end in (5, 10):
+        window = steps[end - 5 : end]
+        mean = sum(m["loss_sum"] for m in window) / sum(m["tokens"] for m in window)
+        assert logged[end] == pytest.approx(mean, rel=1e-6)
+        assert logged[end] != pytest.approx(window[-1]["loss"], rel=1e-6)
+    log_lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines()
+                 if "step 5: loss" in line]
+    assert f"step 5: loss {logged[5]:.3f}" in log_lines[0]
 
 
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
@@ -227,7 +231,7 @@ def test_unknown_keys_and_wrong_types_fail_before_anything_runs():
 
 def test_resuming_with_a_different_vocabulary_is_a_clear_error(tmp_path):
     run(tmp_path / "run", "trainer.max_steps=2")
-    with pytest.raises(ckpt.CheckpointError, match="tokenizer differs"):
+    with pytest.raises(RunDirError, match="tokenizer differs"):
         run(tmp_path / "run", "trainer.max_steps=4", "trainer.resume=auto", "data.vocab_size=250")
 
 

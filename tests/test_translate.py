@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer import translate
+from transformer import decoding, runtime, translate
 from transformer.average import main as average_main
+from transformer.batching import length_batches
 from transformer.checkpoint import load_meta, load_model, save_checkpoint
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.corpus import read_lines
@@ -53,10 +54,10 @@ def run_main(monkeypatch, *overrides: str) -> None:
 def test_translate_lines_keeps_order_and_empty_lines(loaded):
     model, tokenizer = loaded
     cfg = DecodeConfig(**FAST, max_tokens=12)  # several batches, sorted by length
-    out = translate.translate_lines(model, tokenizer, LINES, cfg)
+    out = decoding.translate_lines(model, tokenizer, LINES, cfg)
     assert len(out) == len(LINES)
     assert out[1] == "" and out[3] == ""
-    alone = [translate.translate_lines(model, tokenizer, [line], cfg)[0] for line in LINES]
+    alone = [decoding.translate_lines(model, tokenizer, [line], cfg)[0] for line in LINES]
     assert out == alone
     assert all(out[i] for i in (0, 2, 4, 5))
 
@@ -64,7 +65,7 @@ def test_translate_lines_keeps_order_and_empty_lines(loaded):
 def test_translate_lines_restores_training_mode(loaded):
     model, tokenizer = loaded
     model.train()
-    translate.translate_lines(model, tokenizer, LINES[:1], DecodeConfig(**FAST))
+    decoding.translate_lines(model, tokenizer, LINES[:1], DecodeConfig(**FAST))
     assert model.training
     model.eval()
 
@@ -73,26 +74,33 @@ def test_too_long_input_is_truncated_with_a_warning(loaded, caplog):
     model, tokenizer = loaded
     long_line = " ".join(["Ci vediamo martedì alle due."] * 20)  # > max_len = 32 tokens
     with caplog.at_level(logging.WARNING):
-        out = translate.translate_lines(model, tokenizer, [long_line], DecodeConfig(**FAST))
+        out = decoding.translate_lines(model, tokenizer, [long_line], DecodeConfig(**FAST))
     assert len(out) == 1 and out[0]
     assert "1 input line(s) longer than the model's limit of 32 tokens" in caplog.text
 
 
-def test_decode_defaults_depend_on_the_device():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")  # no CUDA needed: only the type is read
-    assert translate.resolve(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="fp32")
-    assert translate.resolve(DecodeConfig(), cuda) == DecodeConfig(max_tokens=8000, precision="bf16")
+def test_decode_defaults_depend_on_the_device(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")  # no CUDA needed: capabilities mocked
+    monkeypatch.setattr(runtime, "cpu_bf16_support", lambda: (False, "AVX2 only"))
+    monkeypatch.setattr(runtime, "cuda_bf16_support", lambda device: (True, "a GPU"))
+    settings = decoding.decode_settings
+    assert settings(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="fp32")
+    assert settings(DecodeConfig(), cuda) == DecodeConfig(max_tokens=8000, precision="bf16")
+    monkeypatch.setattr(runtime, "cpu_bf16_support", lambda: (True, "AVX512-BF16"))
+    assert settings(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="bf16")
+    monkeypatch.setattr(runtime, "cuda_bf16_support", lambda device: (False, "an old GPU"))
+    assert settings(DecodeConfig(), cuda).precision == "fp16"
     given = DecodeConfig(max_tokens=123, precision="fp32")
-    assert translate.resolve(given, cuda) == given
-    with pytest.raises(ValueError, match=r"decode.max_tokens=0: must be a positive number"):
-        translate.resolve(DecodeConfig(max_tokens=0), cpu)
-    with pytest.raises(ValueError, match=r"decode.precision='fp16': choose auto, fp32 or bf16"):
-        translate.resolve(DecodeConfig(precision="fp16"), cpu)
+    assert settings(given, cuda) == given
+    with pytest.raises(ValueError, match=r"decode.max_tokens=0: must be >= 1 \(or null\)"):
+        settings(DecodeConfig(max_tokens=0), cpu)
+    with pytest.raises(ValueError, match=r"decode.precision=fp16 needs CUDA"):
+        settings(DecodeConfig(precision="fp16"), cpu)
 
 
 def test_length_batches_respect_max_tokens_and_cover_every_line():
     lengths = [5, 1, 9, 3, 3, 7, 2, 20]
-    batches = translate.length_batches(lengths, max_tokens=10)
+    batches = length_batches(lengths, max_tokens=10)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         longest = max(lengths[i] for i in b)
@@ -106,7 +114,7 @@ def test_cli_file_in_file_out_keeps_lines(checkpoint, loaded, tmp_path, monkeypa
     run_main(monkeypatch, f"checkpoint={checkpoint}", f"input.file={src}", f"output={out}",
              "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=6", "progress=false")
     model, tokenizer = loaded
-    expected = translate.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST))
+    expected = decoding.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST))
     assert read_lines(out) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.it", "out.en"]  # no Hydra litter
 
@@ -117,7 +125,7 @@ def test_cli_reads_stdin_and_names_a_bad_line(checkpoint, loaded, monkeypatch, c
     run_main(monkeypatch, f"checkpoint={checkpoint}", "decode=greedy", "decode.max_len_a=0",
              "decode.max_len_b=6")
     model, tokenizer = loaded
-    expected = translate.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST))
+    expected = decoding.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST))
     assert capsys.readouterr().out == "".join(f"{line}\n" for line in expected)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"Ciao\nperch\xe9?\n")))
     with pytest.raises(SystemExit) as exit_info:
@@ -183,7 +191,7 @@ def test_averaged_checkpoint_holds_the_mean_weights_and_translates(loaded, tmp_p
     assert load_meta(out)["step"] == 300 and not (out / "trainer_state.pt").exists()
     assert (out / "config.yaml").read_text() == "seed: 3\n"
     assert "averaged 2 checkpoints (step_200, step_300)" in capsys.readouterr().out
-    assert translate.translate_lines(avg, tokenizer, LINES[:1], DecodeConfig(**FAST))[0]
+    assert decoding.translate_lines(avg, tokenizer, LINES[:1], DecodeConfig(**FAST))[0]
     with pytest.raises(SystemExit, match="fewer than --last 4"):
         average_main([str(tmp_path / "run"), "--last", "4", "-o", str(out)])
 

@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 
+from transformer.mixing import CorpusMixture
+
 # Tokens collate adds to each side: nothing to the source, BOS (tgt_in) or EOS (tgt_out)
 # to the target. Batch sizes are computed on these padded lengths.
 SRC_EXTRA = 0
@@ -90,6 +92,26 @@ def _pad(
     return torch.from_numpy(out), torch.from_numpy(lens)
 
 
+def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """Right-pad non-empty id lists to a (B, S) long tensor, as `collate` pads a source."""
+    return _pad(seqs, pad_id, offset=0, extra=0)[0]
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped, longest first, so that rows * longest length <= max_tokens (decoding).
+
+    A sentence longer than max_tokens gets a batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def token_lengths(dataset) -> tuple[np.ndarray, np.ndarray]:
     """Lengths of `src_ids` and `tgt_ids` of an encoded datasets.Dataset, read from Arrow."""
     table = dataset.with_format("arrow")[:]  # honours any select()/shuffle() indices
@@ -110,7 +132,9 @@ class TokenBatchSampler:
     the same number of batches (DDP would hang otherwise).
 
     `src_lens`/`tgt_lens` are token counts without BOS/EOS (see `token_lengths`).
-    Usable as a DataLoader `batch_sampler` after `set_epoch(epoch, start)`.
+    With a `mixture` (several corpora, weighted), an epoch is the mixture's draw of rows
+    instead of a permutation of all of them. Usable as a DataLoader `batch_sampler` after
+    `set_epoch(epoch, start)`.
     """
 
     def __init__(
@@ -123,6 +147,7 @@ class TokenBatchSampler:
         rank: int = 0,
         world_size: int = 1,
         bucket_chunk: int = 100,
+        mixture: CorpusMixture | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
@@ -139,6 +164,9 @@ class TokenBatchSampler:
                 f"example {longest} has {self.sizes[longest]} tokens (with BOS/EOS), more than "
                 f"max_tokens={max_tokens}: raise max_tokens or lower data.max_len"
             )
+        if mixture is not None and sum(mixture.sizes) != len(src):
+            raise ValueError(f"the mixture covers {sum(mixture.sizes)} rows, the data has {len(src)}")
+        self.mixture = mixture
         self.src, self.tgt = src, tgt
         self.max_tokens = max_tokens
         self.seed, self.shuffle = seed, shuffle
@@ -153,7 +181,10 @@ class TokenBatchSampler:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))
+        if self.mixture is not None:
+            order = self.mixture.epoch_indices(epoch)
+        else:
+            order = rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))
         batches: list[list[int]] = []
         for lo in range(0, len(order), self.chunk_size):
             chunk = order[lo : lo + self.chunk_size]
@@ -230,14 +261,16 @@ def padding_efficiency(
 
 
 def batching_statistics(
-    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, bucket_chunk: int
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, bucket_chunk: int,
+    mixture: CorpusMixture | None = None,
 ) -> dict:
     """Batches per epoch, pairs per batch and padding efficiency of epoch 0."""
-    sampler = TokenBatchSampler(src_lens, tgt_lens, max_tokens, seed=0, bucket_chunk=bucket_chunk)
+    sampler = TokenBatchSampler(src_lens, tgt_lens, max_tokens, seed=0, bucket_chunk=bucket_chunk,
+                                mixture=mixture)
     batches = sampler.batches(0)
     return {
         "max_tokens": max_tokens,
         "batches_per_epoch": len(batches),
-        "mean_pairs_per_batch": round(len(src_lens) / len(batches), 1),
+        "mean_pairs_per_batch": round(sum(map(len, batches)) / len(batches), 1),
         "padding_efficiency": round(padding_efficiency(batches, src_lens, tgt_lens), 4),
     }

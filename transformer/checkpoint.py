@@ -11,12 +11,15 @@ A checkpoint is a directory:
 `model.*`, `tokenizer.model` and `config.yaml` are all that translating needs.
 
 Writes are atomic: everything goes to `<name>.tmp-<pid>/`, which is renamed into place
-only when complete, so a crash or Ctrl-C mid-write leaves the previous checkpoints intact.
+only when complete, so a crash or Ctrl-C mid-write leaves the previous checkpoints intact;
+replacing an existing `<name>` moves it to `<name>.old-<pid>/` first and deletes it last.
+`recover_interrupted_writes` finishes or undoes what a crash left of that.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -38,6 +41,9 @@ WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
     "trainer_state.pt",
 )
 STEP_DIR = re.compile(r"^step_(\d+)$")
+LEFTOVER = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -83,10 +89,7 @@ def _require(path: Path, name: str) -> Path:
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:
     """Load the model (in eval mode) and its tokenizer from a checkpoint directory."""
     path = Path(path)
-    try:
-        cfg = ModelConfig(**json.loads(_require(path, MODEL_CFG).read_text()))
-    except (json.JSONDecodeError, TypeError) as e:
-        raise CheckpointError(f"corrupt {path / MODEL_CFG}: {e}") from e
+    cfg = load_model_config(path)
     model = build_model(cfg)
     try:
         load_safetensors(model, str(_require(path, WEIGHTS)), strict=True)
@@ -100,11 +103,28 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
         raise
     except Exception as e:
         raise CheckpointError(f"corrupt tokenizer {path / TOKENIZER}: {e}") from e
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise CheckpointError(
+            f"{path / TOKENIZER} has {tokenizer.vocab_size} pieces but the model in {path} has "
+            f"vocab_size={cfg.vocab_size}: the tokenizer does not belong to this checkpoint")
     return model.to(device).eval(), tokenizer
 
 
+def load_model_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint (model.json), without loading its weights."""
+    f = _require(Path(path), MODEL_CFG)
+    try:
+        return ModelConfig(**json.loads(f.read_text()))
+    except (json.JSONDecodeError, TypeError) as e:
+        raise CheckpointError(f"corrupt {f}: {e}") from e
+
+
 def load_meta(path: str | Path) -> dict[str, Any]:
-    return json.loads(_require(Path(path), META).read_text())
+    f = _require(Path(path), META)
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"corrupt {f}: {e}") from e
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
@@ -126,7 +146,73 @@ def step_checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step checkpoints (`best` is separate)."""
-    for p in step_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    """Every complete checkpoint of a run directory (step_N, best, averages), by name."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(p for p in ckpt_dir.iterdir() if p.is_dir() and not LEFTOVER.match(p.name)
+                  and (p / META).is_file())
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int, owned: set[str]) -> list[Path]:
+    """Delete all but the newest `keep_last` step checkpoints among `owned` (names of this
+    run's checkpoints): a run never deletes a checkpoint it did not write. `best` is
+    separate; keep_last=0 keeps all. Returns the deleted paths."""
+    mine = [p for p in step_checkpoints(run_dir) if p.name in owned]
+    doomed = mine[:-keep_last] if keep_last > 0 else []
+    for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftover: this process is not writing it now
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def recover_interrupted_writes(ckpt_dir: str | Path) -> list[str]:
+    """Finish or undo the checkpoint writes a crash interrupted; returns what was done.
+
+    `save_checkpoint` writes X.tmp-PID, renames an existing X to X.old-PID, renames
+    X.tmp-PID to X, and deletes X.old-PID. What a crash can leave, and what becomes of it:
+    - X.old-PID and X: only the last deletion was missed: X.old-PID is deleted;
+    - X.old-PID without X: the crash fell between the two renames, so X.tmp-PID, if
+      there, is complete and becomes X (the newer copy); otherwise X.old-PID is put back;
+    - X.tmp-PID alone: the write did not finish: deleted (X, if any, is the previous copy).
+    Leftovers of a process that is still running are left alone.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    done = []
+    found = [(m.groupdict(), p) for p in ckpt_dir.iterdir() if (m := LEFTOVER.match(p.name))]
+    found.sort(key=lambda mp: (mp[0]["kind"] != "old", mp[1].name))  # .old first: it may claim a .tmp
+    for m, p in found:
+        if not p.exists() or _running(int(m["pid"])):
+            continue
+        final = ckpt_dir / m["name"]
+        tmp = ckpt_dir / f"{m['name']}.tmp-{m['pid']}"
+        if m["kind"] == "old" and final.exists():
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"deleted {p.name}, the replaced copy of {final.name}")
+        elif m["kind"] == "old" and tmp.is_dir():
+            tmp.rename(final)
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"completed the interrupted replacement of {final.name} from {tmp.name}")
+        elif m["kind"] == "old":
+            p.rename(final)
+            done.append(f"restored {final.name} from {p.name}")
+        else:  # a .tmp whose write did not finish
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"deleted {p.name}, an unfinished write")
+    for line in done:
+        log.warning("checkpoints: %s (in %s)", line, ckpt_dir)
+    return done

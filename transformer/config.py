@@ -1,16 +1,45 @@
-"""Typed settings, one dataclass per Hydra config group.
+"""Typed settings, one dataclass per Hydra config group, with their valid ranges.
 
 `configs/<group>/*.yaml` mirror these dataclasses one-to-one. Hydra composes them only
 at the entry points (`train.py`, `translate.py`, `evaluate.py`); everything else
 receives these plain objects, so a test or a notebook can write `ModelConfig(...)`.
+`to_dataclass` checks types (OmegaConf) and ranges (each class's `validate`), so a bad
+setting is refused, naming its key, before any work starts.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # relative paths in configs resolve here
+CONFIG_DIR = PROJECT_ROOT / "configs"
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
+
+
+class ConfigError(ValueError):
+    """A setting outside its valid range; the message names the key."""
+
+
+def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {rule}")
+
+
+def _positive(key: str, value: float | None, optional: bool = False, minimum: float = 1) -> None:
+    if value is None and optional:
+        return
+    rule = f"must be >= {minimum}" + (" (or null)" if optional else "")
+    _require(value is not None and value >= minimum, key, value, rule)
+
+
+def _fraction(key: str, value: float) -> None:
+    _require(0.0 <= value < 1.0, key, value, "must be in [0, 1)")
 
 
 @dataclass
@@ -33,12 +62,31 @@ class ModelConfig:
     bos_id: int = 2
     eos_id: int = 3
 
+    def validate(self, prefix: str = "model") -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
+                     "n_decoder_layers"):
+            _positive(f"{prefix}.{name}", getattr(self, name))
+        _require(self.d_model % self.n_heads == 0, f"{prefix}.n_heads", self.n_heads,
+                 f"must divide {prefix}.d_model={self.d_model}")
+        for name in ("dropout", "attn_dropout", "ffn_dropout"):
+            _fraction(f"{prefix}.{name}", getattr(self, name))
+        _positive(f"{prefix}.max_len", self.max_len, minimum=2)
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        for name, value in ids.items():
+            _require(0 <= value < self.vocab_size, f"{prefix}.{name}", value,
+                     f"must be a token id below {prefix}.vocab_size={self.vocab_size}")
+        _require(len(set(ids.values())) == 3, f"{prefix}.eos_id", self.eos_id,
+                 "pad_id, bos_id and eos_id must be three different ids")
+
 
 @dataclass
 class DataConfig:
     """Which corpus, how it is cleaned, tokenized and batched."""
 
-    name: str = "tatoeba"  # tatoeba | iwslt2017 | opus100 | files | sample
+    name: str = "tatoeba"  # tatoeba | europarl | iwslt2017 | opus100 | files | sample | mix
+    # name=mix: the corpora trained on together, each with its weight: the share of training
+    # pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}
+    corpora: dict[str, float] = field(default_factory=dict)
     root: str = "../shared/data"  # relative paths resolve against the project root
     src_lang: str = "it"
     tgt_lang: str = "en"
@@ -67,6 +115,34 @@ class DataConfig:
     num_proc: int = 2  # processes for datasets.map
     cache_dir: str = "data/cache"  # tokenizers and encoded corpora (git-ignored)
 
+    def validate(self, prefix: str = "data") -> None:
+        names = (*CORPORA, "mix")
+        _require(self.name in names, f"{prefix}.name", self.name, f"choose one of {', '.join(names)}")
+        if self.name == "mix":
+            _require(bool(self.corpora), f"{prefix}.corpora", self.corpora,
+                     "name=mix needs corpora to mix, e.g. {tatoeba: 1, europarl: 1}")
+            mixable = tuple(c for c in CORPORA if c != "files")
+            for corpus, weight in self.corpora.items():
+                _require(corpus in mixable, f"{prefix}.corpora", corpus,
+                         f"can mix the named corpora {', '.join(mixable)}")
+                _require(weight > 0, f"{prefix}.corpora.{corpus}", weight, "a weight must be > 0")
+        else:
+            _require(not self.corpora, f"{prefix}.corpora", dict(self.corpora),
+                     f"only for {prefix}.name=mix")
+        _positive(f"{prefix}.max_len", self.max_len)
+        _positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
+        _positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
+        _positive(f"{prefix}.vocab_size", self.vocab_size, minimum=5)  # 4 special pieces + 1
+        _require(self.spm_model_type in ("unigram", "bpe"), f"{prefix}.spm_model_type",
+                 self.spm_model_type, "choose unigram or bpe")
+        _require(0 < self.spm_character_coverage <= 1, f"{prefix}.spm_character_coverage",
+                 self.spm_character_coverage, "must be in (0, 1]")
+        _positive(f"{prefix}.spm_input_sentence_size", self.spm_input_sentence_size)
+        _require(self.max_tokens > self.max_len, f"{prefix}.max_tokens", self.max_tokens,
+                 f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
+        _positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
+        _positive(f"{prefix}.num_proc", self.num_proc)
+
 
 @dataclass
 class OptimConfig:
@@ -81,6 +157,16 @@ class OptimConfig:
     clip_norm: float = 1.0  # 0 disables clipping
     fused: bool = True  # fused AdamW kernel on CUDA (ignored on CPU)
 
+    def validate(self, prefix: str = "optim") -> None:
+        _require(self.lr > 0, f"{prefix}.lr", self.lr, "must be > 0")
+        _positive(f"{prefix}.warmup_steps", self.warmup_steps, minimum=0)
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{prefix}.betas",
+                 list(self.betas), "must be two numbers in [0, 1)")
+        _require(self.eps > 0, f"{prefix}.eps", self.eps, "must be > 0")
+        _positive(f"{prefix}.weight_decay", self.weight_decay, minimum=0)
+        _fraction(f"{prefix}.label_smoothing", self.label_smoothing)
+        _positive(f"{prefix}.clip_norm", self.clip_norm, minimum=0)
+
 
 @dataclass
 class TrainerConfig:
@@ -90,21 +176,41 @@ class TrainerConfig:
     max_epochs: int | None = None
     max_hours: float | None = None  # stop after this much training time (fairseq --stop-time-hours)
     accum_steps: int = 1  # gradient accumulation
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    # auto: bf16 on a GPU that has it (else fp16 with loss scaling), bf16 on a CPU with
+    # native bf16 (AVX512-BF16, AMX), else fp32 | fp32 | bf16 | fp16 (CUDA only)
+    precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     compile: bool = False  # torch.compile the model
     seed: int = 1
+    # Where checkpoints, logs and config.yaml go. mt-train makes it Hydra's output directory
+    # (configs/train.yaml: hydra.run.dir follows it; a sweep gives each job a subdirectory).
     run_dir: str = "runs/default"
-    resume: str = "auto"  # auto | never | <checkpoint dir>
+    resume: str = "auto"  # auto: continue the run in run_dir, if any | never | <checkpoint dir>
     log_every: int = 50
     val_every: int = 1000
     val_bleu_sentences: int | None = 500  # dev sentences (evenly spaced; null: all) decoded greedily at each validation
     val_max_tokens: int = 6000
-    keep_last: int = 3
+    keep_last: int = 3  # step checkpoints kept (0: all)
     patience: int | None = None  # validations without a better dev BLEU before stopping
     save_every: int | None = None  # default: at every validation
     num_threads: int | None = None  # torch.set_num_threads on CPU
     progress: bool = True
+
+    def validate(self, prefix: str = "trainer") -> None:
+        for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens"):
+            _positive(f"{prefix}.{name}", getattr(self, name))
+        for name in ("max_epochs", "val_bleu_sentences", "patience", "save_every", "num_threads"):
+            _positive(f"{prefix}.{name}", getattr(self, name), optional=True)
+        _require(self.max_hours is None or self.max_hours > 0, f"{prefix}.max_hours",
+                 self.max_hours, "must be > 0 (or null)")
+        _require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
+                 f"choose one of {', '.join(PRECISIONS)}")
+        _check_device(f"{prefix}.device", self.device)
+        _positive(f"{prefix}.seed", self.seed, minimum=0)
+        _require(bool(self.run_dir), f"{prefix}.run_dir", self.run_dir, "must name a directory")
+        _require(bool(self.resume), f"{prefix}.resume", self.resume,
+                 "auto, never, or a checkpoint directory")
+        _positive(f"{prefix}.keep_last", self.keep_last, minimum=0)
 
 
 @dataclass
@@ -119,7 +225,31 @@ class DecodeConfig:
     max_len_b: int = 10
     min_len: int = 1
     max_tokens: int | None = None  # source tokens per decoding batch; None: 8000 on CUDA, 2000 on CPU
-    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+    # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
+    # fp32 | fp32 | bf16 | fp16 (CUDA only)
+    precision: str = "auto"
+
+    def validate(self, prefix: str = "decode") -> None:
+        _require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
+                 "choose greedy or beam")
+        _positive(f"{prefix}.beam_size", self.beam_size)
+        _positive(f"{prefix}.lenpen", self.lenpen, minimum=0)
+        _positive(f"{prefix}.nbest", self.nbest)
+        if self.method == "greedy":
+            _require(self.nbest == 1, f"{prefix}.nbest", self.nbest,
+                     "greedy search gives one hypothesis: use decode=beam for an n-best list")
+        else:
+            _require(self.nbest <= self.beam_size, f"{prefix}.nbest", self.nbest,
+                     f"cannot exceed {prefix}.beam_size={self.beam_size}")
+        _positive(f"{prefix}.max_len_a", self.max_len_a, minimum=0)
+        _positive(f"{prefix}.max_len_b", self.max_len_b, minimum=0)
+        _require(self.max_len_a + self.max_len_b >= 1, f"{prefix}.max_len_b", self.max_len_b,
+                 f"with {prefix}.max_len_a={self.max_len_a} the length limit a * |x| + b "
+                 "could be 0: need a + b >= 1")
+        _positive(f"{prefix}.min_len", self.min_len, minimum=0)
+        _positive(f"{prefix}.max_tokens", self.max_tokens, optional=True)
+        _require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
+                 f"choose one of {', '.join(PRECISIONS)}")
 
 
 @dataclass
@@ -130,14 +260,30 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     decode: DecodeConfig = field(default_factory=lambda: DecodeConfig(method="greedy"))
 
+    def validate(self) -> None:
+        for group in ("model", "data", "optim", "trainer", "decode"):
+            getattr(self, group).validate(group)
+        # training pairs of data.max_len tokens plus BOS or EOS must fit the positional table
+        _require(self.model.max_len > self.data.max_len, "model.max_len", self.model.max_len,
+                 f"must exceed data.max_len={self.data.max_len} (a pair plus its BOS/EOS)")
+
+
+def _check_device(key: str, device: str) -> None:
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device) is not None, key, device,
+             "choose auto, cpu, cuda or cuda:N")
+
 
 T = TypeVar("T")
 
 
 def to_dataclass(schema: type[T], cfg: DictConfig | dict[str, Any]) -> T:
-    """Validate a composed config against its dataclass and return the typed object.
+    """Check a composed config against its dataclass and return the typed object.
 
-    Unknown keys and values of the wrong type raise an error that names the key.
+    Unknown keys and values of the wrong type raise an OmegaConf error that names the key;
+    values out of range a `ConfigError` that names it (the class's `validate`).
     """
     merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    obj = OmegaConf.to_object(merged)
+    if hasattr(obj, "validate"):
+        obj.validate()  # type: ignore[union-attr]
+    return obj  # type: ignore[return-value]

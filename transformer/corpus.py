@@ -3,17 +3,23 @@
 A corpus is loaded as plain Python lists (`Pairs`), cleaned (`normalize`, `drop_empty`)
 and only then turned into a `datasets.Dataset` by `data.py`. Plain-text files are read
 here, line by line as bytes, so a bad byte or a misalignment is reported with the file
-name and line number; hub corpora (IWSLT 2017, OPUS-100) go through `datasets`' parquet
-loader, from the hub or from a local folder laid out the same way.
+name and line number; a file ending in `.gz`, `.xz` or `.bz2` is decompressed as it is
+read (a stream, never a second copy in memory), and a corrupt or truncated archive is
+reported with its name. Hub corpora (IWSLT 2017, OPUS-100) go through `datasets`'
+parquet loader, from the hub or from a local folder laid out the same way.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import json
 import logging
+import lzma
 import os
 import unicodedata
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,18 +29,22 @@ import datasets
 import fsspec
 import numpy as np
 
-from transformer.config import DataConfig
+from transformer.config import PROJECT_ROOT, DataConfig
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HUB_DEFAULTS = {  # name -> (hub id, config, revision)
     # the main branch is a loading script, which datasets>=4 refuses to run
     "iwslt2017": ("IWSLT/iwslt2017", "iwslt2017-it-en", "refs/convert/parquet"),
     "opus100": ("Helsinki-NLP/opus-100", "en-it", "main"),
 }
 HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
-EVAL_SETS = ("tatoeba-test", "flores200-devtest")
+EVAL_SETS = ("tatoeba-test", "flores200-devtest", "europarl-test")
+OFFLINE = {"tatoeba": "tatoeba", "europarl": "europarl"}  # named corpus -> folder of {root}
+# Compressed text: suffix -> opener of a binary stream. Readers see plain lines either way.
+COMPRESSED = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
+# What a damaged archive raises while it is read: bad data, or a stream that ends too soon.
+_ARCHIVE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError)
 
 
 class DataError(ValueError):
@@ -53,7 +63,7 @@ class Pairs:
         return len(self.src)
 
 
-def resolve(path: str | os.PathLike) -> Path:
+def project_path(path: str | os.PathLike) -> Path:
     """A path relative to the project root (not the CWD, which Hydra and pytest change)."""
     path = Path(path).expanduser()
     return path if path.is_absolute() else PROJECT_ROOT / path
@@ -63,18 +73,37 @@ def resolve(path: str | os.PathLike) -> Path:
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """Lines of a UTF-8 file without their line ends; bad bytes raise DataError(file:line)."""
+    """Lines of a UTF-8 file without their line ends; bad bytes raise DataError(file:line).
+
+    `.gz`, `.xz` and `.bz2` files are decompressed while they are read.
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"corpus file not found: {path}")
-    with path.open("rb") as f:
-        return decode_lines(f, str(path))
+    opener = COMPRESSED.get(path.suffix)
+    if opener is None:
+        with path.open("rb") as f:
+            return decode_lines(f, str(path))
+    lines: list[str] = []
+    try:
+        with opener(path, "rb") as f:
+            return decode_lines(f, str(path), lines)
+    except _ARCHIVE_ERRORS as e:
+        raise DataError(f"{path}: corrupt or truncated {path.suffix[1:]} archive (it breaks "
+                        f"after line {len(lines)}: {' '.join(str(e).split()) or type(e).__name__})") from None
 
 
-def decode_lines(raw_lines: Iterable[bytes], name: str) -> list[str]:
+def text_format(path: str | os.PathLike) -> str:
+    """A corpus file's format suffix, under any compression: `a.tsv.gz` -> `.tsv`."""
+    path = Path(path)
+    return Path(path.stem).suffix if path.suffix in COMPRESSED else path.suffix
+
+
+def decode_lines(raw_lines: Iterable[bytes], name: str, lines: list[str] | None = None) -> list[str]:
     """UTF-8 lines (a binary file, stdin's buffer) without their line ends or a leading BOM;
-    bad bytes raise DataError naming `name` and the line."""
-    lines = []
+    bad bytes raise DataError naming `name` and the line. Lines go into `lines` (if given)
+    as they are read, so a caller still has them when the stream breaks."""
+    lines = [] if lines is None else lines
     for lineno, raw in enumerate(raw_lines, start=1):
         try:
             line = raw.decode("utf-8")
@@ -136,14 +165,14 @@ def read_pair_file(src: str | None, tgt: str | None, cfg: DataConfig) -> Pairs:
     """A TSV or JSONL file (recognised by its extension), or a pair of plain-text files."""
     if src is None:
         raise DataError("data=files needs train_src (and train_tgt for plain-text pairs)")
-    src_path = resolve(src)
-    if src_path.suffix == ".tsv":
+    src_path = project_path(src)
+    if text_format(src_path) == ".tsv":
         return read_tsv(src_path)
-    if src_path.suffix in (".jsonl", ".json"):
+    if text_format(src_path) in (".jsonl", ".json"):
         return read_jsonl(src_path, cfg.src_lang, cfg.tgt_lang)
     if tgt is None:
         raise DataError(f"{src_path} is a plain-text file: its target file must be given too")
-    return read_parallel(src_path, resolve(tgt))
+    return read_parallel(src_path, project_path(tgt))
 
 
 # --- corpora -------------------------------------------------------------------------
@@ -154,24 +183,31 @@ def corpus_files(cfg: DataConfig) -> dict[str, list[Path]] | None:
 
     None for a corpus on the remote hub, whose files cannot be stat'ed.
     """
-    root = resolve(cfg.root)
+    root = project_path(cfg.root)
     s, t = cfg.src_lang, cfg.tgt_lang
-    if cfg.name in ("tatoeba", "sample"):
-        folder = root / "tatoeba" if cfg.name == "tatoeba" else resolve("data/sample")
-        return {
-            split: [folder / f"{split}.{s}", folder / f"{split}.{t}"] for split in ("train", "dev")
-        }
+    if cfg.name in (*OFFLINE, "sample"):
+        folder = root / OFFLINE[cfg.name] if cfg.name in OFFLINE else project_path("data/sample")
+        return {split: [find_text(folder / f"{split}.{s}"), find_text(folder / f"{split}.{t}")]
+                for split in ("train", "dev")}
     if cfg.name == "files":
-        files = {"train": [resolve(p) for p in (cfg.train_src, cfg.train_tgt) if p]}
+        files = {"train": [project_path(p) for p in (cfg.train_src, cfg.train_tgt) if p]}
         if cfg.dev_src:
-            files["dev"] = [resolve(p) for p in (cfg.dev_src, cfg.dev_tgt) if p]
+            files["dev"] = [project_path(p) for p in (cfg.dev_src, cfg.dev_tgt) if p]
         return files
     if cfg.name in HUB_DEFAULTS:
         if not cfg.hub_local_dir:
             return None
-        base = resolve(cfg.hub_local_dir) / _hub_settings(cfg)[1]
+        base = project_path(cfg.hub_local_dir) / _hub_settings(cfg)[1]
         return {"parquet": sorted(base.rglob("*.parquet"))}  # only for the cache key
-    raise DataError(f"unknown corpus {cfg.name!r}: tatoeba | iwslt2017 | opus100 | files | sample")
+    raise DataError(f"unknown corpus {cfg.name!r}: tatoeba | europarl | iwslt2017 | opus100 | files | sample")
+
+
+def find_text(path: Path) -> Path:
+    """`path`, or the first of `path.gz`, `.xz`, `.bz2` that exists (else `path` itself)."""
+    for candidate in (path, *(path.with_name(path.name + ext) for ext in COMPRESSED)):
+        if candidate.is_file():
+            return candidate
+    return path
 
 
 def load_corpus(cfg: DataConfig) -> dict[str, Pairs]:
@@ -222,7 +258,7 @@ def hub_data_files(cfg: DataConfig, split: str) -> list[str]:
     """
     hub_id, config, revision = _hub_settings(cfg)
     if cfg.hub_local_dir:
-        base = f"{resolve(cfg.hub_local_dir)}/{config}"
+        base = f"{project_path(cfg.hub_local_dir)}/{config}"
     else:  # a revision such as refs/convert/parquet is URL-encoded inside an hf:// path
         base = f"hf://datasets/{hub_id}@{quote(revision, safe='')}/{config}"
     name = HUB_SPLITS[split]
@@ -246,7 +282,7 @@ def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
             "parquet",
             data_files={split: patterns},
             split=split,
-            cache_dir=str(resolve(cfg.cache_dir) / "hf"),
+            cache_dir=str(project_path(cfg.cache_dir) / "hf"),
         )
     except FileNotFoundError as e:
         raise DataError(f"cannot load {patterns}: {e}") from e

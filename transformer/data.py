@@ -2,7 +2,8 @@
 
 prepare_data: load -> clean (NFC, whitespace, empty pairs) -> joint SentencePiece
 vocabulary -> encode with `datasets.map` in `num_proc` processes -> length filters
-(train only) -> save. The result is cached under `{cache_dir}/prepared-<key>/`, keyed by
+(train only) -> save. A mix of corpora (`data.name=mix`) goes through the same steps per
+corpus, with one vocabulary trained on a sample balanced by the corpora's weights. The result is cached under `{cache_dir}/prepared-<key>/`, keyed by
 the corpus files' path, size and mtime (or, for the remote hub, the text's digest) and by
 every setting that changes it, so a second run only memory-maps it back.
 Batching lives in `batching.py`, loading and cleaning in `corpus.py`.
@@ -10,6 +11,7 @@ Batching lives in `batching.py`, loading and cleaning in `corpus.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,12 +28,13 @@ import datasets
 from transformer import corpus
 from transformer.batching import batching_statistics, token_lengths
 from transformer.config import DataConfig
-from transformer.corpus import DataError, Pairs, resolve
+from transformer.corpus import DataError, Pairs, project_path
+from transformer.mixing import CorpusMixture, mix_sample
 from transformer.tokenizer import TOKENIZER_RECIPE, Tokenizer, iter_sides, load_or_train_tokenizer
 
 log = logging.getLogger(__name__)
 
-_PIPELINE_VERSION = "1"  # bump when cleaning or encoding changes, to invalidate caches
+_PIPELINE_VERSION = "2"  # bump when cleaning, encoding or the layout changes, to invalidate caches
 _FEATURES = datasets.Features(
     {
         "src": datasets.Value("string"),
@@ -46,16 +49,31 @@ _FEATURES = datasets.Features(
 class PreparedData:
     """What training needs: the tokenizer and the encoded splits.
 
-    `train` and `dev` have columns `src`, `tgt` (normalised text: dev keeps it for BLEU)
-    and `src_ids`, `tgt_ids` (list[int], no BOS/EOS).
+    `train` and every dev set have columns `src`, `tgt` (normalised text: dev keeps it for
+    BLEU) and `src_ids`, `tgt_ids` (list[int], no BOS/EOS). With several corpora
+    (`data.name=mix`), `train` holds their pairs one corpus after the other, in the order
+    of `sizes`, and `devs` has one dev set per corpus.
     """
 
     tokenizer: Tokenizer
     train: datasets.Dataset
-    dev: datasets.Dataset
+    devs: dict[str, datasets.Dataset]
+    sizes: dict[str, int]  # training pairs per corpus, in the order `train` holds them
+    weights: dict[str, float] | None = None  # a mix's weights (share of an epoch's pairs)
     stats: dict = field(default_factory=dict)  # see `prepare.format_statistics`
     path: Path | None = None  # the cache folder it was saved to / loaded from
     from_cache: bool = False
+
+    @property
+    def dev(self) -> datasets.Dataset:
+        """The first dev set (the only one of a single corpus)."""
+        return next(iter(self.devs.values()))
+
+    def mixture(self, seed: int) -> CorpusMixture | None:
+        """How epochs draw from the corpora of a mix (None for a single corpus)."""
+        if self.weights is None:
+            return None
+        return CorpusMixture(list(self.sizes.values()), [self.weights[c] for c in self.sizes], seed)
 
 
 class _Timer:
@@ -69,8 +87,15 @@ class _Timer:
         self.seconds[phase] = round(time.perf_counter() - start, 3)
 
 
+def corpus_configs(cfg: DataConfig) -> dict[str, DataConfig]:
+    """One DataConfig per corpus: the corpora of a mix, or `cfg` itself."""
+    if cfg.name != "mix":
+        return {cfg.name: cfg}
+    return {name: dataclasses.replace(cfg, name=name, corpora={}) for name in cfg.corpora}
+
+
 def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Load, clean, tokenize and encode the corpus of `cfg`, or reuse the cached result.
+    """Load, clean, tokenize and encode the corpora of `cfg`, or reuse the cached result.
 
     Under DDP, call it on rank 0 first and on the other ranks after a barrier, so that
     they load the cache instead of all preparing the same data at once.
@@ -82,46 +107,54 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     if prepared is None:
         del timer.seconds["load cached"]
         with timer("load"):
-            raw = corpus.load_corpus(cfg)
+            raw = {name: corpus.load_corpus(sub) for name, sub in corpus_configs(cfg).items()}
         with timer("clean"):
-            splits, dropped = _clean(raw)
+            corpora = {name: _clean(splits, _prefix(cfg, name)) for name, splits in raw.items()}
         if key is None:  # a remote hub corpus: key on its text, now that it is loaded
-            key = _content_key(cfg, splits)
+            key = _content_key(cfg, corpora)
             prepared = _load_prepared(cfg, key)
         if prepared is None:
-            stats = {"raw_pairs": {k: len(v) for k, v in raw.items()}, "dropped": dropped}
-            prepared = _build(cfg, key, splits, stats, timer)
+            prepared = _build(cfg, key, raw, corpora, timer)
     if prepared.from_cache:
         log.info("reusing prepared data %s", prepared.path)
     with timer("batching"):  # batching settings are not part of the cache key
         lengths = token_lengths(prepared.train)
-        prepared.stats["batching"] = batching_statistics(*lengths, cfg.max_tokens, cfg.bucket_chunk)
+        prepared.stats["batching"] = batching_statistics(
+            *lengths, cfg.max_tokens, cfg.bucket_chunk, prepared.mixture(seed=0))
     prepared.stats["seconds"] = timer.seconds
     return prepared
 
 
-def _build(
-    cfg: DataConfig, key: str, splits: dict[str, Pairs], stats: dict, timer: _Timer
-) -> PreparedData:
+def _prefix(cfg: DataConfig, name: str) -> str:
+    """Split names in statistics and messages: `train`, or `train/europarl` in a mix."""
+    return f"/{name}" if cfg.name == "mix" else ""
+
+
+def _build(cfg: DataConfig, key: str, raw: dict[str, dict[str, Pairs]],
+           corpora: dict[str, tuple[dict[str, Pairs], dict[str, dict[str, int]]]], timer: _Timer,
+           ) -> PreparedData:
     """Vocabulary, encoding, length filters; saved under the cache key and reopened."""
-    train = splits["train"]
+    cleaned = {name: splits for name, (splits, _) in corpora.items()}
+    stats: dict = {"raw_pairs": {}, "dropped": {}}
+    for name, (_, dropped) in corpora.items():
+        for split, pairs in raw[name].items():
+            stats["raw_pairs"][f"{split}{_prefix(cfg, name)}"] = len(pairs)
+            stats["dropped"][f"{split}{_prefix(cfg, name)}"] = dropped[split]
     with timer("vocabulary"):
-        tokenizer, spm_path = load_or_train_tokenizer(
-            iter_sides(train.src, train.tgt),
-            corpus.digest(train),
-            resolve(cfg.cache_dir),
-            cfg.vocab_size,
-            cfg.spm_model_type,
-            cfg.spm_character_coverage,
-            cfg.spm_input_sentence_size,
-        )
+        tokenizer, spm_path = _tokenizer(cfg, {name: s["train"] for name, s in cleaned.items()})
+    encoded: dict[str, datasets.Dataset] = {}
     with timer("encode"):
-        encoded = {name: encode(pairs, tokenizer, cfg.num_proc) for name, pairs in splits.items()}
+        for name, splits in cleaned.items():
+            for split, pairs in splits.items():
+                encoded[f"{split}{_prefix(cfg, name)}"] = encode(pairs, tokenizer, cfg.num_proc)
     with timer("filter"):
-        encoded["train"] = _length_filter(encoded["train"], cfg, stats["dropped"], train.origin)
+        for name, splits in cleaned.items():
+            split = f"train{_prefix(cfg, name)}"
+            encoded[split] = _length_filter(encoded[split], cfg, stats["dropped"][split], split,
+                                            splits["train"].origin)
     with timer("save"):
         stats.update(corpus_statistics(encoded, tokenizer))
-        _save_prepared(cfg, key, encoded, spm_path, stats)
+        _save_prepared(cfg, key, encoded, list(cleaned), spm_path, stats)
         # reopen the saved copy: memory-mapped, and identical to what a cached run returns
         prepared = _load_prepared(cfg, key)
     assert prepared is not None
@@ -129,14 +162,29 @@ def _build(
     return prepared
 
 
-def _clean(raw: dict[str, Pairs]) -> tuple[dict[str, Pairs], dict[str, dict[str, int]]]:
+def _tokenizer(cfg: DataConfig, trains: dict[str, Pairs]) -> tuple[Tokenizer, Path]:
+    """The joint vocabulary: trained on the corpus's sentences, or for a mix on a sample of
+    them balanced by the weights (cached under a digest of exactly that text)."""
+    spm = (cfg.vocab_size, cfg.spm_model_type, cfg.spm_character_coverage, cfg.spm_input_sentence_size)
+    if cfg.name != "mix":
+        (train,) = trains.values()
+        return load_or_train_tokenizer(iter_sides(train.src, train.tgt), corpus.digest(train),
+                                       project_path(cfg.cache_dir), *spm, setting="data.vocab_size")
+    weights = [cfg.corpora[name] for name in trains]
+    sample = mix_sample(list(trains.values()), weights, cfg.spm_input_sentence_size)
+    text_digest = hashlib.sha256("\n".join(sample).encode()).hexdigest()[:16]
+    return load_or_train_tokenizer(sample, text_digest, project_path(cfg.cache_dir), *spm,
+                                   setting="data.vocab_size")
+
+
+def _clean(raw: dict[str, Pairs], suffix: str = "") -> tuple[dict[str, Pairs], dict[str, dict[str, int]]]:
     splits, dropped = {}, {}
     for name, pairs in raw.items():
         kept, n_empty = corpus.drop_empty(corpus.normalize_pairs(pairs))
-        log.info("%s: dropped %d of %d pairs with an empty side", name, n_empty, len(pairs))
+        log.info("%s%s: dropped %d of %d pairs with an empty side", name, suffix, n_empty, len(pairs))
         if not kept:
             raise DataError(
-                f"{name} split is empty after cleaning ({len(pairs)} pairs read from {pairs.origin})"
+                f"{name}{suffix} split is empty after cleaning ({len(pairs)} pairs read from {pairs.origin})"
             )
         splits[name], dropped[name] = kept, {"empty": n_empty}
     return splits, dropped
@@ -172,18 +220,18 @@ def encode(pairs: Pairs, tokenizer: Tokenizer, num_proc: int = 1) -> datasets.Da
 
 
 def _length_filter(
-    ds: datasets.Dataset, cfg: DataConfig, dropped: dict, origin: str
+    ds: datasets.Dataset, cfg: DataConfig, dropped: dict, split: str, origin: str
 ) -> datasets.Dataset:
     table = ds.with_format("arrow")[:]
     src_lens, tgt_lens = token_lengths(ds)
     keep, counts = corpus.length_filter(src_lens, tgt_lens, cfg.max_len, cfg.max_len_ratio)
     for rule, n in counts.items():
-        log.info("train: dropped %d of %d pairs by rule %s", n, len(ds), rule)
-    dropped["train"].update(counts)
+        log.info("%s: dropped %d of %d pairs by rule %s", split, n, len(ds), rule)
+    dropped.update(counts)
     if not len(keep):
         raise DataError(
-            f"train split is empty after the length filters (max_len={cfg.max_len}, "
-            f"max_len_ratio={cfg.max_len_ratio}; {origin})"
+            f"{split} split is empty after the length filters (data.max_len={cfg.max_len}, "
+            f"data.max_len_ratio={cfg.max_len_ratio}; {origin})"
         )
     # one Arrow take, not Dataset.select: its index mapping makes every later read slow
     return datasets.Dataset(table.take(keep)) if len(keep) < len(ds) else ds
@@ -213,7 +261,7 @@ def corpus_statistics(splits: dict[str, datasets.Dataset], tokenizer: Tokenizer)
 
 # Settings that change the prepared data (not batching or parallelism).
 _KEY_FIELDS = (
-    "name", "root", "src_lang", "tgt_lang", "train_src", "train_tgt", "dev_src", "dev_tgt",
+    "name", "corpora", "root", "src_lang", "tgt_lang", "train_src", "train_tgt", "dev_src", "dev_tgt",
     "hub_id", "hub_config", "hub_revision", "hub_local_dir", "max_len", "max_len_ratio",
     "max_train_pairs", "vocab_size", "spm_model_type", "spm_character_coverage",
     "spm_input_sentence_size",
@@ -227,12 +275,12 @@ def _settings(cfg: DataConfig) -> str:
 
 def _source_key(cfg: DataConfig) -> str | None:
     """Cache key from the settings and each corpus file's path, size and mtime."""
-    files = corpus.corpus_files(cfg)
-    if files is None:
-        return None
     stamps = []
-    for paths in files.values():
-        for p in paths:
+    for sub in corpus_configs(cfg).values():
+        files = corpus.corpus_files(sub)
+        if files is None:
+            return None
+        for p in (p for paths in files.values() for p in paths):
             if not p.is_file():
                 raise DataError(f"corpus file not found: {p}")
             st = p.stat()
@@ -240,24 +288,34 @@ def _source_key(cfg: DataConfig) -> str | None:
     return hashlib.sha256(json.dumps([_settings(cfg), stamps]).encode()).hexdigest()[:16]
 
 
-def _content_key(cfg: DataConfig, splits: dict[str, Pairs]) -> str:
-    digests = {name: corpus.digest(p) for name, p in splits.items()}
+def _content_key(cfg: DataConfig, corpora: dict[str, tuple[dict[str, Pairs], dict]]) -> str:
+    digests = {f"{name}/{split}": corpus.digest(p)
+               for name, (splits, _) in corpora.items() for split, p in splits.items()}
     return hashlib.sha256(json.dumps([_settings(cfg), digests]).encode()).hexdigest()[:16]
 
 
 def _save_prepared(
-    cfg: DataConfig, key: str, splits: dict[str, datasets.Dataset], spm_path: Path, stats: dict
+    cfg: DataConfig, key: str, splits: dict[str, datasets.Dataset], names: list[str],
+    spm_path: Path, stats: dict,
 ) -> Path:
-    """Save to a temporary folder, then rename, so a half-written cache is never read."""
-    final = resolve(cfg.cache_dir) / f"prepared-{key}"
+    """Save to a temporary folder, then rename, so a half-written cache is never read.
+
+    Layout: `train/` (every corpus's pairs, in the order of `names`), `dev/<name>/`.
+    """
+    final = project_path(cfg.cache_dir) / f"prepared-{key}"
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    for name, ds in splits.items():
-        ds.save_to_disk(str(tmp / name))
+    suffix = {name: _prefix(cfg, name) for name in names}
+    trains = [splits[f"train{suffix[n]}"] for n in names]
+    train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
+    train.save_to_disk(str(tmp / "train"))
+    for n in names:
+        splits[f"dev{suffix[n]}"].save_to_disk(str(tmp / "dev" / n))
     (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
-    (tmp / "meta.json").write_text(
-        json.dumps({"tokenizer": spm_path.name, "settings": _settings(cfg)})
-    )
+    meta = {"tokenizer": spm_path.name, "settings": _settings(cfg), "corpora": names,
+            "sizes": [len(t) for t in trains],
+            "weights": [cfg.corpora[n] for n in names] if cfg.name == "mix" else None}
+    (tmp / "meta.json").write_text(json.dumps(meta))
     if final.exists() and not (final / "meta.json").exists():
         shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
     try:
@@ -268,17 +326,35 @@ def _save_prepared(
 
 
 def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
-    path = resolve(cfg.cache_dir) / f"prepared-{key}"
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-        tokenizer = Tokenizer.load(path.parent / meta["tokenizer"])
-        train = datasets.load_from_disk(str(path / "train"))
-        dev = datasets.load_from_disk(str(path / "dev"))
-    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+    """The cached data of `key`, or None if there is none. A damaged cache is an error
+    that names the file and how to rebuild it."""
+    path = project_path(cfg.cache_dir) / f"prepared-{key}"
+    meta_file = path / "meta.json"
+    if not meta_file.is_file():
         return None
+    rebuild = f"delete {path} (and the tokenizer it names) to rebuild it"
+    try:
+        meta = json.loads(meta_file.read_text())
+        names, sizes, weights = meta["corpora"], meta["sizes"], meta["weights"]
+        spm_file = path.parent / meta["tokenizer"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise DataError(f"corrupt prepared-data cache {meta_file} ({e!r}): {rebuild}") from None
+    try:
+        tokenizer = Tokenizer.load(spm_file)
+    except Exception as e:
+        raise DataError(f"corrupt cached tokenizer {spm_file} ({' '.join(str(e).split())}): "
+                        f"delete it and {path} to rebuild them") from None
+    try:
+        train = datasets.load_from_disk(str(path / "train"))
+        devs = {n: datasets.load_from_disk(str(path / "dev" / n)) for n in names}
+    except Exception as e:
+        raise DataError(f"corrupt prepared-data cache {path} ({' '.join(str(e).split())}): "
+                        f"{rebuild}") from None
     stats_file = path / "stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
-    return PreparedData(tokenizer, train, dev, stats, path, from_cache=True)
+    return PreparedData(tokenizer, train, devs, dict(zip(names, sizes, strict=True)),
+                        dict(zip(names, weights, strict=True)) if weights else None,
+                        stats, path, from_cache=True)
 
 
 # --- evaluation sets -----------------------------------------------------------------
@@ -287,20 +363,23 @@ def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
 def load_test_set(name_or_paths: str, cfg: DataConfig) -> tuple[list[str], list[str]]:
     """Source and reference lines of a test set, normalised like the training data.
 
-    `name_or_paths` is `tatoeba-test` or `flores200-devtest` (from `{root}/eval`), `dev`
-    (the configured corpus's dev split), `test` (the hub test split of iwslt2017/opus100)
-    or two files `src_path,ref_path`.
+    `name_or_paths` is `tatoeba-test`, `flores200-devtest` or `europarl-test` (from
+    `{root}/eval`), `dev` (the configured corpus's dev split), `test` (the hub test split
+    of iwslt2017/opus100) or two files `src_path,ref_path`.
     """
     if name_or_paths in corpus.EVAL_SETS:
-        folder = resolve(cfg.root) / "eval"
+        folder = project_path(cfg.root) / "eval"
         pairs = corpus.read_parallel(
             folder / f"{name_or_paths}.{cfg.src_lang}", folder / f"{name_or_paths}.{cfg.tgt_lang}"
         )
     elif name_or_paths in ("dev", "test"):
+        if cfg.name == "mix":
+            raise DataError(f"test_set={name_or_paths} is ambiguous for a mix of corpora: name one, "
+                            f"e.g. data={next(iter(cfg.corpora))} test_set={name_or_paths}")
         pairs = corpus.load_split(cfg, name_or_paths)
     elif "," in name_or_paths:
         src, ref = (p.strip() for p in name_or_paths.split(",", 1))
-        pairs = corpus.read_parallel(resolve(src), resolve(ref))
+        pairs = corpus.read_parallel(project_path(src), project_path(ref))
     else:
         raise DataError(
             f"unknown test set {name_or_paths!r}: {', '.join(corpus.EVAL_SETS)}, dev, test "

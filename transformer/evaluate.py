@@ -24,10 +24,11 @@ import hydra
 from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from transformer.config import DataConfig, DecodeConfig
-from transformer.corpus import PROJECT_ROOT
+from transformer import cli
+from transformer.config import DataConfig, DecodeConfig, _check_device, _positive, _require
+from transformer.corpus import DataError
 from transformer.data import load_test_set
-from transformer.translate import load_for_inference, resolve, run_cli, translate_lines
+from transformer.decoding import decode_settings, load_for_inference, translate_lines
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,15 @@ class EvaluateConfig:
     progress: bool = True
     data: DataConfig = field(default_factory=DataConfig)  # where the test sets live
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> None:
+        _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
+                 "required: add checkpoint=path/to/checkpoint_dir")
+        _require(bool(self.test_set), "test_set", self.test_set, "name a test set")
+        _positive("max_sentences", self.max_sentences, optional=True)
+        _check_device("device", self.device)
+        self.data.validate("data")
+        self.decode.validate("decode")
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
@@ -62,12 +72,14 @@ def file_stem(test_set: str) -> str:
 
 def evaluate(cfg: EvaluateConfig) -> dict:
     """Translate and score `cfg.test_set`; write hypotheses, references and the report."""
-    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device)
-    src, refs = load_test_set(cfg.test_set, cfg.data)
+    src, refs = load_test_set(cfg.test_set, cfg.data)  # before the model: a bad set costs nothing
     if cfg.max_sentences is not None:
         src, refs = src[: cfg.max_sentences], refs[: cfg.max_sentences]
+    if not src:
+        raise DataError(f"test set {cfg.test_set!r} has no sentence pairs to score")
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device)
     start = time.perf_counter()
-    decode = resolve(cfg.decode, device)  # device defaults filled in: what runs is what the report says
+    decode = decode_settings(cfg.decode, device)  # device defaults filled in: what runs is what the report says
     hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress)
     seconds = time.perf_counter() - start
     report = {
@@ -96,9 +108,15 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     return report
 
 
-@hydra.main(config_path=str(PROJECT_ROOT / "configs"), config_name="evaluate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    run_cli("mt-evaluate", EvaluateConfig, cfg, evaluate)
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="evaluate", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    cli.run_command("mt-evaluate", EvaluateConfig, cfg, evaluate)
+
+
+
+def main() -> None:
+    """The `mt-evaluate` console script."""
+    cli.hydra_entry("mt-evaluate", hydra_main)
 
 
 if __name__ == "__main__":

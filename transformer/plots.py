@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
+from transformer.decoding import encode_sources
 from transformer.search import greedy_search
 from transformer.tokenizer import Tokenizer
-from transformer.translate import encode_sources
 
 
 @dataclass

@@ -6,23 +6,36 @@ mt-prepare data=sample data.vocab_size=300
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import hydra
 from omegaconf import DictConfig
 
-from transformer.config import DataConfig, to_dataclass
-from transformer.corpus import PROJECT_ROOT
+from transformer import cli
+from transformer.config import DataConfig
 from transformer.data import prepare_data
+
+
+@dataclass
+class PrepareConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def validate(self) -> None:
+        self.data.validate("data")
+
+
+def prepare(cfg: PrepareConfig) -> None:
+    prepared = prepare_data(cfg.data)
+    source = "reused from" if prepared.from_cache else "saved to"
+    print(f"{cfg.data.name}: prepared data {source} {prepared.path}")
+    print(format_statistics(prepared.stats))
 
 
 # An absolute path: with a relative one Hydra looks for a `configs` Python package whenever
 # main is imported (the mt-prepare console script, scripts/prepare_data.py) and fails.
-@hydra.main(config_path=str(PROJECT_ROOT / "configs"), config_name="prepare", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    data_cfg = to_dataclass(DataConfig, cfg.data)
-    prepared = prepare_data(data_cfg)
-    source = "reused from" if prepared.from_cache else "saved to"
-    print(f"{data_cfg.name}: prepared data {source} {prepared.path}")
-    print(format_statistics(prepared.stats))
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="prepare", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    cli.run_command("mt-prepare", PrepareConfig, cfg, prepare)
 
 
 def format_statistics(stats: dict) -> str:
@@ -48,6 +61,12 @@ def format_statistics(stats: dict) -> str:
         + f" (total {sum(seconds.values()):.2f})"
     )
     return "\n".join(lines)
+
+
+
+def main() -> None:
+    """The `mt-prepare` console script."""
+    cli.hydra_entry("mt-prepare", hydra_main)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ def max_lengths(model, src_ids: torch.Tensor, a: float, b: int, min_len: int) ->
     """Per-sentence maximum output length (B,), a * |x| + b, within the model's limits."""
     src_len = (src_ids != model.cfg.pad_id).sum(dim=1)
     limit = model.cfg.max_len - 1  # BOS + max_len tokens fill positions 0..max_len
+    if min_len > limit:  # EOS would be both forbidden and forced: nothing could be scored
+        raise ValueError(f"min_len={min_len} exceeds the longest output this model writes "
+                         f"({limit} tokens, max_len={model.cfg.max_len} minus BOS)")
     max_len = torch.floor(a * src_len.double() + b).long().clamp(max=limit)
     return max_len.clamp(min=min(min_len, limit))
 

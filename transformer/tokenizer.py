@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import random
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -107,6 +108,10 @@ class Tokenizer:
         self._sp = processor
 
 
+class VocabularyError(ValueError):
+    """SentencePiece cannot make the vocabulary asked for from this text."""
+
+
 def train_tokenizer(
     sentences: Iterable[str],
     vocab_size: int,
@@ -114,34 +119,50 @@ def train_tokenizer(
     character_coverage: float = 1.0,
     input_sentence_size: int = 1_000_000,
     seed: int = 0,
+    setting: str = "vocab_size",
 ) -> Tokenizer:
     """Train a SentencePiece model on `sentences` (both languages mixed).
 
     At most `input_sentence_size` sentences are used, a seeded random sample: drawn here,
     because SentencePiece's own sampling differs from one process to the next even with
     `set_random_generator_seed`, and the same corpus should give the same vocabulary.
+    A vocabulary size the text cannot support raises VocabularyError naming `setting`.
     """
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_reservoir_sample(sentences, input_sentence_size, seed)),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=True,
-        seed_sentencepiece_size=1_000_000,
-        normalization_rule_name="identity",  # corpus.normalize already applied NFC
-        pad_id=PAD_ID,
-        unk_id=UNK_ID,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        pad_piece="<pad>",
-        num_threads=2,
-        minloglevel=2,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(_reservoir_sample(sentences, input_sentence_size, seed)),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            seed_sentencepiece_size=1_000_000,
+            normalization_rule_name="identity",  # corpus.normalize already applied NFC
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            pad_piece="<pad>",
+            num_threads=2,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise VocabularyError(_vocabulary_error(str(e), vocab_size, setting)) from None
     return Tokenizer.from_proto(model.getvalue())
+
+
+def _vocabulary_error(message: str, vocab_size: int, setting: str) -> str:
+    """SentencePiece's complaint about the vocabulary size, as a user-facing line."""
+    if m := re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message):
+        return (f"{setting}={vocab_size} is too small: the corpus has {m.group(2)} characters, "
+                f"each a piece of its own, plus 4 special pieces; raise {setting}")
+    if m := re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message):
+        return (f"{setting}={vocab_size} is too large for this corpus: SentencePiece can make "
+                f"at most {m.group(2)} pieces from it; lower {setting}")
+    return f"{setting}={vocab_size}: SentencePiece failed: {' '.join(message.split())}"
 
 
 def _reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:
@@ -180,11 +201,13 @@ def load_or_train_tokenizer(
     model_type: str = "unigram",
     character_coverage: float = 1.0,
     input_sentence_size: int = 1_000_000,
+    setting: str = "vocab_size",
 ) -> tuple[Tokenizer, Path]:
     """Reuse `{cache_dir}/spm-<key>.model` if this corpus and these settings made one before.
 
     `corpus_digest` must change whenever the training text changes (see `corpus.digest`).
-    Returns the tokenizer and the path of its cached model.
+    Returns the tokenizer and the path of its cached model. A cached model that does not
+    load raises VocabularyError naming the file.
     """
     key = tokenizer_key(
         corpus_digest, vocab_size, model_type, character_coverage, input_sentence_size
@@ -192,10 +215,14 @@ def load_or_train_tokenizer(
     path = Path(cache_dir) / f"spm-{key}.model"
     if path.exists():
         log.info("reusing tokenizer %s", path)
-        return Tokenizer.load(path), path
+        try:
+            return Tokenizer.load(path), path
+        except Exception as e:
+            raise VocabularyError(f"corrupt cached tokenizer {path} ({' '.join(str(e).split())}): "
+                                  f"delete it to rebuild it") from None
     log.info("training a %s tokenizer with %d pieces -> %s", model_type, vocab_size, path)
     tokenizer = train_tokenizer(
-        sentences, vocab_size, model_type, character_coverage, input_sentence_size
+        sentences, vocab_size, model_type, character_coverage, input_sentence_size, setting=setting
     )
     tokenizer.save(path)
     return tokenizer, path

@@ -14,51 +14,67 @@ from pathlib import Path
 import hydra
 import torch
 import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from transformer import checkpoint as ckpt
+from transformer import cli
+from transformer.checkpoint import CheckpointError
 from transformer.config import TrainConfig, to_dataclass
-from transformer.corpus import PROJECT_ROOT
 from transformer.data import prepare_data
 from transformer.model import build_model, count_parameters
+from transformer.rundir import RunDir, check_resumable, open_run_dir
 from transformer.runtime import (
-    check_precision,
     enable_fast_cuda_math,
     keep_large_blocks_in_the_heap,
+    resolve_precision,
     seed_everything,
     setup_distributed,
-    setup_logging,
 )
 from transformer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
-def find_resume_point(run_dir: Path, resume: str) -> Path | None:
-    """`auto`: the newest complete step checkpoint of run_dir; `never`; or a path."""
-    if resume == "never":
-        return None
-    if resume == "auto":
-        found = ckpt.step_checkpoints(run_dir)
-        return found[-1] if found else None
-    return Path(resume)
-
-
 def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
-    """Run training as described by cfg; returns the trainer (its model and final state)."""
+    """Run training as described by cfg; returns the trainer (its model and final state).
+
+    Every check that can fail on the user's settings runs before the data is prepared:
+    the run directory (lock, leftovers, whose checkpoints), the model config against the
+    checkpoint resumed, the precision on this device.
+    """
     dist_info, device = setup_distributed(cfg.trainer.device)
-    run_dir = Path(cfg.trainer.run_dir)
-    setup_logging(run_dir / "train.log", dist_info.is_main)
-    check_precision(cfg.trainer.precision, device)
+    cli.setup_logging(is_main=dist_info.is_main)
+    run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, dist_info.is_main)
+    try:
+        cli.setup_logging(log_file=run.path / "train.log", is_main=dist_info.is_main)
+        _check_model_config(run, cfg)
+        precision, why = resolve_precision(cfg.trainer.precision, device)
+        log.info("precision: %s (%s)", precision, why)
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, precision=precision))
+        return _train(cfg, run_config_yaml, run, dist_info, device)
+    finally:
+        run.close()
+
+
+def _check_model_config(run: RunDir, cfg: TrainConfig) -> None:
+    """Compare with the first readable checkpoint resumed (an unreadable one is skipped
+    here and, with a warning, by the trainer)."""
+    for candidate in run.resume_from:
+        try:
+            check_resumable(candidate, cfg.model)
+            return
+        except CheckpointError:
+            continue
+
+
+def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, device) -> Trainer:
     if device.type == "cuda":
         enable_fast_cuda_math()
     else:
         keep_large_blocks_in_the_heap()
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
-    if dist_info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(run_config_yaml)
     # Rank 0 builds the vocabulary and encoded corpus first; the others then hit its cache.
     if not dist_info.is_main:
         dist.barrier()
@@ -71,13 +87,13 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
     seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
     model = build_model(model_cfg).to(device)
     log.info("model: %s parameters, %s", f"{count_parameters(model):,}", model_cfg)
-    log.info("data: %d training pairs, %d dev pairs, vocabulary %d", len(data.train),
-             len(data.dev), tok.vocab_size)
+    log.info("data: %d training pairs, %s, vocabulary %d", len(data.train),
+             ", ".join(f"{len(ds)} {name} dev pairs" for name, ds in data.devs.items()), tok.vocab_size)
     trainer = Trainer(dataclasses.replace(cfg, model=model_cfg), run_config_yaml, data, model,
-                      device, dist_info)
-    resume_from = find_resume_point(run_dir, cfg.trainer.resume)
-    if resume_from is not None:
-        trainer.load_state(resume_from)
+                      device, dist_info, owned=run.owned)
+    trainer.resume(run.resume_from)
+    if dist_info.is_main:  # only once every check has passed: a refused run changes nothing
+        (run.path / "config.yaml").write_text(run_config_yaml)
     state = trainer.fit()
     log.info("finished at step %d (epoch %d); best dev BLEU %.2f; %d skipped steps",
              state.step, state.epoch, state.best_bleu, state.skipped_steps)
@@ -86,10 +102,32 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
     return trainer
 
 
-@hydra.main(config_path=str(PROJECT_ROOT / "configs"), config_name="train", version_base="1.3")
-def main(hydra_cfg: DictConfig) -> None:
-    cfg = to_dataclass(TrainConfig, hydra_cfg)
-    train(cfg, OmegaConf.to_yaml(hydra_cfg, resolve=True))
+def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
+    """The checked TrainConfig and its YAML, run_dir set to Hydra's output directory.
+
+    configs/train.yaml makes `hydra.run.dir` follow `trainer.run_dir`, and a sweep
+    (`mt-train -m ...`) give each job the subdirectory `hydra.sweep.subdir` of
+    `hydra.sweep.dir`, so that no two jobs share checkpoints; setting `hydra.run.dir` or
+    `hydra.sweep.dir` directly is honoured too.
+    """
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:
+        run_dir = str(Path(hydra.sweep.dir) / hydra.sweep.subdir)
+    else:
+        run_dir = hydra.run.dir
+    OmegaConf.update(hydra_cfg, "trainer.run_dir", run_dir)
+    return to_dataclass(TrainConfig, hydra_cfg), OmegaConf.to_yaml(hydra_cfg, resolve=True)
+
+
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="train", version_base="1.3")
+def hydra_main(hydra_cfg: DictConfig) -> None:
+    cli.run("mt-train", lambda: train(*configure(hydra_cfg)))
+
+
+
+def main() -> None:
+    """The `mt-train` console script."""
+    cli.hydra_entry("mt-train", hydra_main)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import sacrebleu
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -24,11 +23,12 @@ from transformer import checkpoint as ckpt
 from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
 from transformer.config import TrainConfig
 from transformer.data import PreparedData
-from transformer.loss import label_smoothed_nll
+from transformer.loss import batch_loss
 from transformer.model import Transformer
 from transformer.optim import build_optimizer, build_scheduler
-from transformer.runtime import DistInfo, autocast, rng_state, set_rng_state
-from transformer.translate import translate_lines
+from transformer.rundir import RunDirError
+from transformer.runtime import DistInfo, rng_state, set_rng_state
+from transformer.validation import DevResult, Validator
 
 log = logging.getLogger(__name__)
 
@@ -41,41 +41,54 @@ class TrainState:
     epoch: int = 0
     batch_index: int = 0  # next batch of this rank's shard in `epoch`
     skipped_steps: int = 0  # updates dropped for non-finite gradients
-    best_bleu: float = -1.0
+    best_bleu: float = -1.0  # best selection score (Validator.selection_score)
     bad_validations: int = 0  # validations since the best dev BLEU (early stopping)
     train_seconds: float = 0.0
 
 
-def batch_loss(net: torch.nn.Module, batch: Batch, label_smoothing: float, precision: str,
-               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed label-smoothed loss and NLL of a batch; logits only at non-padding targets.
+class LogWindow:
+    """Training metrics over the updates since the last log line, as fairseq logs them:
+    losses are token-weighted means over the window (a single batch's loss jumps with
+    its length bucket), tokens/s counts the window's wall time."""
 
-    The model runs under `precision`'s autocast; the loss is computed in fp32.
-    """
-    real = batch.tgt_out_ids != batch.pad_id  # (B, T)
-    with autocast(precision, device):
-        logits = net(batch.src_ids, batch.tgt_in_ids, real)  # (N, V)
-    return label_smoothed_nll(logits, batch.tgt_out_ids[real], label_smoothing, batch.pad_id)
+    def __init__(self) -> None:
+        self.reset()
 
+    def reset(self) -> None:
+        self.loss = self.nll = 0.0
+        self.tokens = 0
+        self.start = time.perf_counter()
 
-def bleu_sample(n_dev: int, n: int | None) -> list[int]:
-    """Indices of the dev sentences validation translates: n evenly spaced ones (all when n is
-    None or >= n_dev), so a dev file sorted by length is sampled over all its lengths."""
-    if n is None or n >= n_dev:
-        return list(range(n_dev))
-    if n < 1:
-        raise ValueError(f"trainer.val_bleu_sentences={n}: need at least 1 (or null for all)")
-    return [i * n_dev // n for i in range(n)]
+    def add(self, metrics: dict[str, float]) -> None:
+        self.loss += metrics["loss_sum"]
+        self.nll += metrics["nll_sum"]
+        self.tokens += int(metrics["tokens"])
+
+    def summary(self, world_size: int = 1) -> dict[str, float]:
+        """Mean loss and NLL per target token, and target tokens/s over all ranks."""
+        n = max(self.tokens, 1)
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        return {"loss": self.loss / n, "nll": self.nll / n,
+                "tokens_per_s": self.tokens * world_size / seconds}
 
 
 class Trainer:
+    """Runs the training loop of one run: its model, optimizer, schedule, data stream,
+    validation and checkpoints. `fit` trains; `resume` continues from a checkpoint.
+
+    `owned` names the checkpoints of this run already in its directory (a resumed run's):
+    the trainer replaces or prunes only those and the ones it writes.
+    """
+
     def __init__(self, cfg: TrainConfig, run_config_yaml: str, data: PreparedData,
-                 model: Transformer, device: torch.device, dist_info: DistInfo) -> None:
+                 model: Transformer, device: torch.device, dist_info: DistInfo,
+                 owned: set[str] | None = None) -> None:
         self.cfg, self.tc = cfg, cfg.trainer
         self.run_config_yaml = run_config_yaml
         self.data, self.tokenizer = data, data.tokenizer
         self.model, self.device, self.dist = model, device, dist_info
         self.run_dir = Path(self.tc.run_dir)
+        self.owned = set(owned or ())
         self.optimizer = build_optimizer(model, cfg.optim, device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
@@ -84,7 +97,11 @@ class Trainer:
         self.sampler = TokenBatchSampler(
             *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
+            mixture=data.mixture(self.tc.seed),
         )
+        self.validator = Validator(
+            data.devs, data.tokenizer, cfg.decode, cfg.optim.label_smoothing, self.tc.precision,
+            device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_len)
         self.net: torch.nn.Module = model  # what forward runs through: DDP and/or compiled
         if dist_info.world_size > 1:
             self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -103,16 +120,36 @@ class Trainer:
             "train_state": asdict(self.state),
         }
 
+    def resume(self, candidates: list[Path]) -> Path | None:
+        """Continue from the first readable of `candidates` (newest first); None: a new run.
+
+        An unreadable checkpoint is skipped with a warning naming it, unless it is the last
+        candidate (or the only one, a `trainer.resume` path): then its error stands.
+        """
+        for i, path in enumerate(candidates):
+            try:
+                self.load_state(path)
+                return path
+            except ckpt.CheckpointError as e:
+                if i + 1 == len(candidates):
+                    raise
+                log.warning("cannot resume from %s (%s): falling back to %s", path, e, candidates[i + 1].name)
+        return None
+
     def load_state(self, path: Path) -> None:
-        """Continue from a checkpoint: weights, optimizer, schedule, RNGs, data position."""
+        """Continue from a checkpoint: weights, optimizer, schedule, RNGs, data position.
+
+        Everything is read before anything is changed, so a checkpoint that fails to load
+        leaves the trainer as it was.
+        """
         weights, tokenizer = ckpt.load_model(path, self.device)
+        state = ckpt.load_trainer_state(path)
         if tokenizer.proto != self.tokenizer.proto:
-            raise ckpt.CheckpointError(
+            raise RunDirError(
                 f"cannot resume from {path}: its tokenizer differs from the one prepared for "
                 f"this run's data (the corpus or data.* settings changed); start a new "
                 f"trainer.run_dir or set trainer.resume=never")
         self.model.load_state_dict(weights.state_dict())
-        state = ckpt.load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -129,8 +166,9 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.run_dir / "checkpoints" / name, self.model, self.tokenizer,
             self.run_config_yaml, meta, self.trainer_state() if with_state else None)
+        self.owned.add(name)
         if name.startswith("step_"):
-            ckpt.prune_checkpoints(self.run_dir, self.tc.keep_last)
+            ckpt.prune_checkpoints(self.run_dir, self.tc.keep_last, self.owned)
         return path
 
     # ---- one update -----------------------------------------------------------------
@@ -145,11 +183,9 @@ class Trainer:
                 yield epoch, index, batch
             self.state.epoch, self.state.batch_index = epoch + 1, 0
 
-    def _loss(self, net: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return batch_loss(net, batch, self.cfg.optim.label_smoothing, self.tc.precision, self.device)
-
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
-        """One optimizer update over `batches` (gradient accumulation). Returns metrics."""
+        """One optimizer update over `batches` (gradient accumulation). Returns metrics:
+        summed loss and NLL, their means per target token, grad norm, tokens, applied."""
         self.net.train()
         n_tokens = sum(b.n_tgt_tokens for b in batches)
         loss_sum = nll_sum = 0.0
@@ -158,7 +194,8 @@ class Trainer:
             sync = i == len(batches) - 1 or not isinstance(self.net, DistributedDataParallel)
             ctx = contextlib.nullcontext() if sync else self.net.no_sync()
             with ctx:
-                loss, nll = self._loss(self.net, batch)
+                loss, nll = batch_loss(self.net, batch, self.cfg.optim.label_smoothing,
+                                       self.tc.precision, self.device)
                 self.scaler.scale(loss / n_tokens).backward()
             loss_sum += loss.item()
             nll_sum += nll.item()
@@ -175,51 +212,40 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_sum / max(n_tokens, 1), "nll": nll_sum / max(n_tokens, 1),
+                "loss_sum": loss_sum, "nll_sum": nll_sum,
                 "grad_norm": grad_norm, "tokens": n_tokens, "applied": float(applied)}
 
     # ---- validation -----------------------------------------------------------------
-    @torch.inference_mode()
-    def validate(self) -> dict[str, float]:
-        """Dev loss and perplexity (teacher forcing), greedy BLEU and chrF (rank 0 only)."""
-        self.model.eval()
-        dev = self.data.dev
-        sampler = TokenBatchSampler(*token_lengths(dev), max_tokens=self.tc.val_max_tokens,
-                                    seed=0, shuffle=False)
-        loss_sum = nll_sum = n_tokens = 0.0
-        for idx in sampler.batches(0):
-            batch = collate(dev[idx], self.tokenizer.pad_id, self.tokenizer.bos_id,
-                            self.tokenizer.eos_id).to(self.device)
-            loss, nll = self._loss(self.model, batch)
-            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
-            n_tokens += batch.n_tgt_tokens
-        picked = bleu_sample(len(dev), self.tc.val_bleu_sentences)
-        sample = dev.select(picked)
-        src, refs = list(sample["src"]), list(sample["tgt"])
-        hyps = translate_lines(self.model, self.tokenizer, src, self.cfg.decode, self.device)
-        metrics = {
-            "loss": loss_sum / n_tokens, "nll": nll_sum / n_tokens,
-            "ppl": math.exp(min(nll_sum / n_tokens, 50.0)),
-            "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
-            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
-        }
+    def validate(self) -> dict[str, DevResult]:
+        """Every dev set's scores (rank 0 only), logged to TensorBoard."""
+        results = self.validator(self.model)
         if self.writer is not None:
-            for k, v in metrics.items():
-                self.writer.add_scalar(f"dev/{k}", v, self.state.step)
-            examples = "\n\n".join(f"    src: {s}\n    ref: {r}\n    hyp: {h}"
-                                   for s, r, h in list(zip(src, refs, hyps))[:5])
-            self.writer.add_text("dev/translations", examples, self.state.step)
-        return metrics
+            several = len(results) > 1
+            for name, r in results.items():
+                prefix = f"dev/{name}" if several else "dev"
+                for k in ("loss", "nll", "ppl", "bleu", "chrf"):
+                    self.writer.add_scalar(f"{prefix}/{k}", getattr(r, k), self.state.step)
+                examples = "\n\n".join(f"    src: {s}\n    ref: {r}\n    hyp: {h}" for s, r, h in r.examples)
+                self.writer.add_text(f"{prefix}/translations", examples, self.state.step)
+            if several:  # the selection score under the single-dev-set tag
+                self.writer.add_scalar("dev/bleu", Validator.selection_score(results), self.state.step)
+        return results
 
-    def _after_validation(self, metrics: dict[str, float]) -> bool:
-        """Keep the best checkpoint by dev BLEU; return True when patience runs out."""
+    def _after_validation(self, results: dict[str, DevResult]) -> bool:
+        """Keep the best checkpoint by the selection score; True when patience runs out."""
         s = self.state
-        if metrics["bleu"] > s.best_bleu:
-            s.best_bleu, s.bad_validations = metrics["bleu"], 0
+        score = Validator.selection_score(results)
+        if score > s.best_bleu:
+            s.best_bleu, s.bad_validations = score, 0
             self.save("best", with_state=False)
         else:
             s.bad_validations += 1
-        log.info("step %d dev: loss %.3f ppl %.2f BLEU %.2f chrF %.2f (best %.2f)", s.step,
-                 metrics["loss"], metrics["ppl"], metrics["bleu"], metrics["chrf"], s.best_bleu)
+        for name, r in results.items():
+            label = f" {name}" if len(results) > 1 else ""
+            log.info("step %d dev%s: loss %.3f ppl %.2f BLEU %.2f chrF %.2f", s.step, label,
+                     r.loss, r.ppl, r.bleu, r.chrf)
+        what = "mean dev BLEU" if len(results) > 1 else "dev BLEU"
+        log.info("step %d %s %.2f (best %.2f)", s.step, what, score, s.best_bleu)
         return self.tc.patience is not None and s.bad_validations >= self.tc.patience
 
     # ---- the loop -------------------------------------------------------------------
@@ -230,7 +256,7 @@ class Trainer:
         bar = tqdm(total=tc.max_steps, initial=s.step, dynamic_ncols=True, desc="train",
                    disable=not (tc.progress and self.dist.is_main))
         self._install_signal_handlers()
-        window_tokens, window_start = 0, time.perf_counter()
+        window = LogWindow()
         early_stop = interrupted = False
         while s.step < tc.max_steps:
             t0 = time.perf_counter()
@@ -244,20 +270,13 @@ class Trainer:
             metrics = self.train_step([b for _, _, b in micro])
             s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
             s.train_seconds += time.perf_counter() - t0
-            window_tokens += metrics["tokens"]
+            window.add(metrics)
             if not metrics["applied"]:
                 continue
             bar.update(1)
             if s.step % tc.log_every == 0:
-                tok_s = window_tokens * self.dist.world_size / (time.perf_counter() - window_start)
-                self._log_train(metrics, tok_s)
-                lr = self.scheduler.get_last_lr()[0]
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{tok_s:,.0f}", epoch=epoch,
-                                lr=f"{lr:.1e}")
-                if bar.disable:  # no progress bar (trainer.progress=false): a log line instead
-                    log.info("step %d: loss %.3f, %.0f target tokens/s, lr %.2e, epoch %d",
-                             s.step, metrics["loss"], tok_s, lr, epoch)
-                window_tokens, window_start = 0, time.perf_counter()
+                self._log_train(window.summary(self.dist.world_size), metrics, bar, epoch)
+                window.reset()
             if s.step % tc.val_every == 0:
                 early_stop = self._validate_and_save()
             elif tc.save_every and s.step % tc.save_every == 0:
@@ -293,15 +312,23 @@ class Trainer:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return bool(flags[0]), bool(flags[1])
 
-    def _log_train(self, metrics: dict[str, float], tok_s: float) -> None:
+    def _log_train(self, window: dict[str, float], last: dict[str, float], bar: tqdm, epoch: int) -> None:
+        """The window's mean losses and speed on the bar, in the log (without a bar) and in
+        TensorBoard; grad norm of the last update."""
+        lr = self.scheduler.get_last_lr()[0]
+        bar.set_postfix(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_s']:,.0f}",
+                        epoch=epoch, lr=f"{lr:.1e}")
+        if bar.disable:  # no progress bar (trainer.progress=false): a log line instead
+            log.info("step %d: loss %.3f, %.0f target tokens/s, lr %.2e, epoch %d",
+                     self.state.step, window["loss"], window["tokens_per_s"], lr, epoch)
         if self.writer is None:
             return
         step, w = self.state.step, self.writer
-        w.add_scalar("train/loss", metrics["loss"], step)
-        w.add_scalar("train/nll", metrics["nll"], step)
-        w.add_scalar("train/lr", self.scheduler.get_last_lr()[0], step)
-        w.add_scalar("train/grad_norm", metrics["grad_norm"], step)
-        w.add_scalar("train/tokens_per_s", tok_s, step)
+        w.add_scalar("train/loss", window["loss"], step)
+        w.add_scalar("train/nll", window["nll"], step)
+        w.add_scalar("train/lr", lr, step)
+        w.add_scalar("train/grad_norm", last["grad_norm"], step)
+        w.add_scalar("train/tokens_per_s", window["tokens_per_s"], step)
         w.add_scalar("train/skipped_steps", self.state.skipped_steps, step)
         w.add_scalar("train/epoch", self.state.epoch, step)
         if self.device.type == "cuda":

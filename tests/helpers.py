@@ -1,0 +1,34 @@
+"""What several test modules share: composing the real configs and short debug training runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer.config import CONFIG_DIR, TrainConfig, to_dataclass
+from transformer.train import train
+from transformer.trainer import Trainer
+
+# The debug preset on the shipped sample corpus: a tiny model, 20 CPU steps, no bar.
+DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_threads=1"]
+
+
+def compose_cfg(*overrides: str, config: str = "train") -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config, overrides=list(overrides))
+
+
+def run(run_dir: Path, *overrides: str) -> Trainer:
+    """A debug training run into run_dir (prepared data cached beside it)."""
+    cfg = compose_cfg(*DEBUG, f"trainer.run_dir={run_dir}",
+                      f"data.cache_dir={run_dir.parent / 'cache'}", *overrides)
+    return train(to_dataclass(TrainConfig, cfg), OmegaConf.to_yaml(cfg))
+
+
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]

@@ -1,0 +1,74 @@
+"""Precision follows the hardware: `auto` resolves by the CPU's or GPU's bf16 support."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from transformer import runtime
+from transformer.runtime import autocast, describe_cpu, resolve_precision
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda:0")  # CUDA is never touched: mocked
+
+
+@pytest.fixture
+def cpu_without_bf16(monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_bf16_support", lambda: (False, "AVX2 only, no AVX512-BF16 or AMX"))
+
+
+@pytest.fixture
+def cpu_with_bf16(monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_bf16_support", lambda: (True, "AVX512 with AVX512-BF16"))
+
+
+def test_auto_is_fp32_on_a_cpu_without_native_bf16(cpu_without_bf16):
+    precision, why = resolve_precision("auto", CPU)
+    assert precision == "fp32"
+    assert "no native bf16 (AVX2 only" in why
+
+
+def test_auto_is_bf16_on_a_cpu_with_native_bf16(cpu_with_bf16):
+    assert resolve_precision("auto", CPU) == ("bf16", "auto: the CPU has native bf16 (AVX512 with AVX512-BF16)")
+
+
+@pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16"), (False, "fp16")])
+def test_auto_on_a_gpu_is_bf16_where_it_has_it_else_fp16(monkeypatch, bf16, expected):
+    monkeypatch.setattr(runtime, "cuda_bf16_support", lambda device: (bf16, "a GPU"))
+    assert resolve_precision("auto", CUDA)[0] == expected
+    assert resolve_precision("fp32", CUDA)[0] == "fp32"  # an explicit choice stands
+
+
+def test_explicit_bf16_on_a_cpu_without_it_warns_with_the_cost(cpu_without_bf16, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert resolve_precision("bf16", CPU)[0] == "bf16"  # runs as asked ...
+    assert "trainer.precision=bf16 on a CPU without native bf16" in caplog.text  # ... but says so
+    assert "about 30x slower than fp32" in caplog.text
+
+
+def test_explicit_bf16_on_a_cpu_with_it_is_silent(cpu_with_bf16, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert resolve_precision("bf16", CPU)[0] == "bf16"
+    assert not caplog.text
+
+
+def test_fp16_needs_cuda_and_unknown_precisions_are_refused(cpu_with_bf16):
+    with pytest.raises(ValueError, match=r"decode.precision=fp16 needs CUDA"):
+        resolve_precision("fp16", CPU, key="decode.precision")
+    with pytest.raises(ValueError, match=r"trainer.precision='fp8': choose one of auto"):
+        resolve_precision("fp8", CPU)
+
+
+def test_the_real_cpu_is_described(monkeypatch):
+    monkeypatch.undo()  # the suite mocks the capability (conftest): ask this machine's CPU
+    native, features = runtime.cpu_bf16_support()
+    assert isinstance(native, bool) and features
+    assert ("no native bf16" in describe_cpu()) != native
+
+
+def test_autocast_takes_only_resolved_precisions():
+    with autocast("fp32", CPU):
+        pass
+    with pytest.raises(ValueError, match="resolved precision"):
+        autocast("auto", CPU)

@@ -1,0 +1,151 @@
+"""Translating text with a model: normalise, encode, batch by length, search, decode.
+
+The library behind `mt-translate`, `mt-evaluate` and the trainer's dev BLEU:
+
+    model, tokenizer, device = load_for_inference("runs/x/checkpoints/best", "auto")
+    translate_lines(model, tokenizer, ["Ciao!"], DecodeConfig(method="greedy"))  # ["Hi!"]
+    translate_nbest(model, tokenizer, lines, DecodeConfig(nbest=3))   # [[(text, score), ...]]
+
+`decode_settings` fills in the device-dependent defaults of a DecodeConfig (precision,
+batch size) and checks the settings against the model, so that what runs is what a
+report says ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+
+import torch
+from tqdm import tqdm
+
+from transformer.batching import length_batches, pad
+from transformer.checkpoint import CheckpointError, load_model
+from transformer.config import ConfigError, DecodeConfig
+from transformer.corpus import normalize
+from transformer.runtime import (
+    autocast,
+    keep_large_blocks_in_the_heap,
+    resolve_device,
+    resolve_precision,
+)
+from transformer.search import search
+from transformer.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Measured on the small model: on a CPU, batches of 2,000 source tokens decode greedy and
+# beam 5 about 1.16x faster than 8,000 (README, "Decoding speed").
+CPU_MAX_TOKENS, CUDA_MAX_TOKENS = 2000, 8000
+
+
+def decode_settings(cfg: DecodeConfig, device: torch.device) -> DecodeConfig:
+    """`cfg` with its device-dependent defaults filled in.
+
+    precision auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16,
+    else fp32 (`runtime.resolve_precision`); max_tokens null: 8000 source tokens per batch
+    on CUDA, 2000 on a CPU.
+    """
+    cfg.validate()
+    precision, _ = resolve_precision(cfg.precision, device, key="decode.precision")
+    max_tokens = cfg.max_tokens
+    if max_tokens is None:
+        max_tokens = CUDA_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS
+    return dataclasses.replace(cfg, precision=precision, max_tokens=max_tokens)
+
+
+def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list[list[int]]:
+    """Normalise as the training data was, encode, and cut to the model's `max_len`.
+
+    The ids are what `batching.collate` puts on the source side: no BOS, no EOS.
+    """
+    ids = tokenizer.encode([normalize(line) for line in lines])
+    too_long = [i for i, seq in enumerate(ids) if len(seq) > max_len]
+    if too_long:
+        shown = ", ".join(str(i + 1) for i in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
+        log.warning("%d input line(s) longer than the model's limit of %d tokens were "
+                    "truncated (line %s)", len(too_long), max_len, shown)
+    return [seq[:max_len] for seq in ids]
+
+
+def check_length_limits(cfg: DecodeConfig, src: list[list[int]], model_max_len: int) -> None:
+    """Refuse a min_len the model cannot write; say when it lifts a sentence's max length.
+
+    A hypothesis holds at most model_max_len - 1 tokens (BOS takes a position); search
+    raises the limit a * |x| + b of a sentence to min_len where that is below it.
+    """
+    longest = model_max_len - 1
+    if cfg.min_len > longest:
+        raise ConfigError(f"decode.min_len={cfg.min_len}: this model writes at most {longest} "
+                          f"tokens (its max_len={model_max_len}, one position for BOS)")
+    lifted = sum(1 for ids in src if ids and int(cfg.max_len_a * len(ids) + cfg.max_len_b) < cfg.min_len)
+    if lifted:
+        log.warning("decode.min_len=%d is above the length limit a * |x| + b (a=%s, b=%d) of %d "
+                    "sentence(s): their limit is raised to min_len", cfg.min_len, cfg.max_len_a,
+                    cfg.max_len_b, lifted)
+
+
+def translate_nbest(
+    model,
+    tokenizer: Tokenizer,
+    lines: list[str],
+    cfg: DecodeConfig,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> list[list[tuple[str, float]]]:
+    """The n-best (text, score) list of every line, in input order.
+
+    Empty lines are not decoded: they give [("", 0.0)]. The model is put in eval mode
+    for the call and restored afterwards.
+    """
+    model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    cfg = decode_settings(cfg, device)
+    src = encode_sources(tokenizer, lines, model.cfg.max_len)
+    check_length_limits(cfg, src, model.cfg.max_len)
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+    todo = [i for i, ids in enumerate(src) if ids]
+    was_training = model.training
+    model.eval()
+    bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
+    with torch.inference_mode(), autocast(cfg.precision, device):
+        for batch in length_batches([len(src[i]) for i in todo], cfg.max_tokens):
+            index = [todo[j] for j in batch]
+            src_ids = pad([src[i] for i in index], tokenizer.pad_id).to(device)
+            for i, hyps in zip(index, search(model, src_ids, cfg), strict=True):
+                texts = tokenizer.decode([h.tokens for h in hyps])
+                results[i] = [(t, h.score) for t, h in zip(texts, hyps, strict=True)]
+            bar.update(len(index))
+    bar.close()
+    model.train(was_training)
+    return results
+
+
+def translate_lines(
+    model,
+    tokenizer: Tokenizer,
+    lines: list[str],
+    cfg: DecodeConfig,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> list[str]:
+    """The best translation of every line, in input order ("" for an empty line)."""
+    return [hyps[0][0] for hyps in translate_nbest(model, tokenizer, lines, cfg, device, progress)]
+
+
+def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
+    """fairseq-like n-best lines: `i ||| hypothesis ||| score`."""
+    return [f"{i} ||| {text} ||| {score:.4f}"
+            for i, hyps in enumerate(nbest) for text, score in hyps]
+
+
+def load_for_inference(checkpoint: str | None, device_pref: str):
+    """(model, tokenizer, device) from a checkpoint directory."""
+    if not checkpoint:
+        raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
+    device = resolve_device(device_pref)
+    if device.type == "cpu":
+        keep_large_blocks_in_the_heap()
+    model, tokenizer = load_model(checkpoint, device)
+    return model, tokenizer, device
