@@ -2,7 +2,7 @@
 
 from torch.utils.tensorboard import SummaryWriter
 
-from transformer.curves import plot_learning_curves, read_scalars, training_hours
+from transformer.curves import dev_sets, plot_learning_curves, read_scalars, training_hours
 
 
 def _segment(tb, steps, start_wall):
@@ -22,5 +22,19 @@ def test_curves_join_resumed_segments_without_the_gap(tmp_path):
     assert [s for _, s, _ in scalars["dev/bleu"]] == [2, 4, 6]
     hours = training_hours(scalars)
     assert abs(hours[6] - 4 * 60 / 3600) < 1e-9  # 3 + 1 one-minute intervals; the pause excluded
+    png = plot_learning_curves(tmp_path, tmp_path / "curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_mixed_run_gets_one_line_per_dev_set(tmp_path):
+    w = SummaryWriter(str(tmp_path / "tb"))
+    for step in (1, 2, 3, 4):
+        w.add_scalar("train/loss", 5.0 - step / 10, step, walltime=1_000_000 + 60 * step)
+        for name, bleu in (("europarl", step * 3.0), ("tatoeba", step * 5.0)):
+            w.add_scalar(f"dev/{name}/bleu", bleu, step, walltime=1_000_000 + 60 * step)
+            w.add_scalar(f"dev/{name}/nll", 4.0 - step / 2, step, walltime=1_000_000 + 60 * step)
+        w.add_scalar("dev/bleu", step * 4.0, step, walltime=1_000_000 + 60 * step)
+    w.close()
+    assert dev_sets(read_scalars(tmp_path)) == ["europarl", "tatoeba"]
     png = plot_learning_curves(tmp_path, tmp_path / "curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

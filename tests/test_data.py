@@ -212,6 +212,69 @@ def test_hub_paths_point_at_the_parquet_revision() -> None:
     assert parsed.path_in_repo == "iwslt2017-it-en/validation/*.parquet"
 
 
+# --- compressed corpora --------------------------------------------------------------
+
+
+def compress(path: Path, suffix: str) -> Path:
+    opener = corpus.COMPRESSED[suffix]
+    out = path.with_name(path.name + suffix)
+    with opener(out, "wb") as f:
+        f.write(path.read_bytes())
+    path.unlink()
+    return out
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz", ".bz2"])
+def test_compressed_files_read_like_plain_ones(tmp_path, suffix) -> None:
+    src, tgt = sample_pairs("train")
+    train = [compress(p, suffix) for p in write_plain_pair(tmp_path / "c", "train", src, tgt)]
+    cfg = make_cfg(tmp_path, name="files", train_src=str(train[0]), train_tgt=str(train[1]))
+    prepared = prepare_data(cfg)
+    assert len(prepared.train) + len(prepared.dev) == len(src)
+    assert read_lines(train[0]) == src
+
+
+def test_a_compressed_tsv_keeps_its_format(tmp_path) -> None:
+    src, tgt = sample_pairs("train")
+    tsv = compress(write_lines(tmp_path / "train.tsv", [f"{s}\t{t}" for s, t in zip(src, tgt)]), ".gz")
+    assert corpus.text_format(tsv) == ".tsv"
+    prepared = prepare_data(make_cfg(tmp_path, name="files", train_src=str(tsv)))
+    assert prepared.train["tgt"] == tgt[: len(prepared.train)]
+
+
+def test_a_truncated_or_corrupt_archive_is_one_error_naming_the_file(tmp_path) -> None:
+    src, _ = sample_pairs("train")
+    whole = compress(write_lines(tmp_path / "train.it", src * 20), ".gz")
+    cut = tmp_path / "cut.it.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(DataError, match=rf"^{cut}: corrupt or truncated gz archive \(it breaks after line \d+"):
+        read_lines(cut)
+    garbage = tmp_path / "garbage.it.xz"
+    garbage.write_bytes(b"this is not xz data at all")
+    with pytest.raises(DataError, match=rf"^{garbage}: corrupt or truncated xz archive"):
+        read_lines(garbage)
+    bad_utf8 = tmp_path / "latin1.it"
+    bad_utf8.write_bytes("uno\nperch\xe9\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.it.gz:2: not valid UTF-8"):
+        read_lines(compress(bad_utf8, ".gz"))
+
+
+def test_europarl_is_a_named_corpus_with_its_test_set(tmp_path) -> None:
+    """data=europarl reads {root}/europarl/train.{it,en}.gz and dev.{it,en}."""
+    root = tmp_path / "shared"
+    src, tgt = sample_pairs("train")
+    for p in write_plain_pair(root / "europarl", "train", src, tgt):
+        compress(p, ".gz")
+    write_plain_pair(root / "europarl", "dev", *sample_pairs("dev"))
+    write_plain_pair(root / "eval", "europarl-test", src[:12], tgt[:12])
+    cfg = make_cfg(tmp_path, name="europarl", root=str(root))
+    prepared = prepare_data(cfg)
+    assert len(prepared.train) == 400 and list(prepared.devs) == ["europarl"]
+    assert load_test_set("europarl-test", cfg) == (src[:12], tgt[:12])
+    assert load_test_set("dev", cfg) == sample_pairs("dev")
+    assert prepare_data(cfg).from_cache
+
+
 # --- cleaning ------------------------------------------------------------------------
 
 
@@ -471,12 +534,13 @@ def test_prepared_data_through_a_dataloader(tmp_path) -> None:
 # --- configs and the command ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tatoeba", "iwslt2017", "opus100", "files", "sample"])
+@pytest.mark.parametrize("name", ["tatoeba", "europarl", "europarl_tatoeba", "iwslt2017", "opus100",
+                                  "files", "sample"])
 def test_data_configs_compose_and_validate(name) -> None:
     with initialize_config_dir(str(PROJECT_ROOT / "configs"), version_base="1.3"):
         cfg = compose("prepare", overrides=[f"data={name}", "++data.train_src=x.tsv"])
     data = to_dataclass(DataConfig, cfg.data)
-    assert data.name == name
+    assert data.name == (name if name != "europarl_tatoeba" else "mix")
 
 
 def test_prepare_command_prints_statistics(tmp_path) -> None:

@@ -50,19 +50,39 @@ def _hours_at(step: int, hours: dict[int, float]) -> float:
     return hours[max(known)] if known else 0.0
 
 
+def dev_sets(scalars: dict) -> list[str]:
+    """Names of the dev sets a run validated on separately (`dev/<name>/bleu`), if several."""
+    return sorted(tag.split("/")[1] for tag in scalars if tag.startswith("dev/") and tag.count("/") == 2
+                  and tag.endswith("/bleu"))
+
+
 def plot_learning_curves(run_dir: str | Path, out_png: str | Path, title: str | None = None) -> Path:
-    """Write a two-panel PNG: dev BLEU/chrF (left) and train/dev loss (right) against hours."""
+    """Write a two-panel PNG: dev BLEU/chrF (left) and train/dev loss (right) against hours.
+
+    A run on a mix of corpora gets one BLEU and one loss line per dev set, and the mean
+    BLEU that selected its best checkpoint.
+    """
     scalars = read_scalars(run_dir)
     hours = training_hours(scalars)
     fig = Figure(figsize=(11, 4.2), dpi=110)
     left, right = fig.subplots(1, 2)
-    for tag, label in (("dev/bleu", "dev BLEU (greedy)"), ("dev/chrf", "dev chrF")):
+    names = dev_sets(scalars)
+    if names:
+        score_tags = [(f"dev/{n}/bleu", f"{n} dev BLEU (greedy)") for n in names]
+        score_tags.append(("dev/bleu", "mean dev BLEU (selects best)"))
+        loss_tags = [("train/loss", "train loss (smoothed CE)")]
+        loss_tags += [(f"dev/{n}/nll", f"{n} dev NLL") for n in names]
+    else:
+        score_tags = [("dev/bleu", "dev BLEU (greedy)"), ("dev/chrf", "dev chrF")]
+        loss_tags = [("train/loss", "train loss (smoothed CE)"), ("dev/loss", "dev loss (smoothed CE)"),
+                     ("dev/nll", "dev NLL")]
+    for tag, label in score_tags:
         if tag in scalars:
             xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
-            left.plot(xs, [v for _, _, v in scalars[tag]], marker="o", ms=3, label=label)
+            style = {"ls": "--", "color": "black"} if names and tag == "dev/bleu" else {}
+            left.plot(xs, [v for _, _, v in scalars[tag]], marker="o", ms=3, label=label, **style)
     left.set(xlabel="training time (hours)", ylabel="score", title="dev scores")
-    for tag, label in (("train/loss", "train loss (smoothed CE)"), ("dev/loss", "dev loss (smoothed CE)"),
-                       ("dev/nll", "dev NLL")):
+    for tag, label in loss_tags:
         if tag in scalars:
             xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
             right.plot(xs, [v for _, _, v in scalars[tag]], lw=1 if tag.startswith("train") else 2,
