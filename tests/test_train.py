@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -180,9 +181,16 @@ def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
         ckpt.load_trainer_state(path)
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (so parallel test runs do not collide)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_two_process_gloo_ddp_ends_with_identical_parameters(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(PROJECT_ROOT / "tests" / "ddp_worker.py"), str(tmp_path), *DEBUG, "trainer.max_steps=6",
            "trainer.val_every=6", f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
