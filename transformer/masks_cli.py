@@ -1,0 +1,402 @@
+"""`mt-masks`: the batch, masks and attention of your own sentence pairs, as the model sees
+them (also `python -m transformer.masks_cli`).
+
+    mt-masks sentences='[Mi chiamo Luke, "Luke, io sono tuo padre"]' \\
+             translations='[My name is Luke, "Luke, I am your father"]'
+    mt-masks checkpoint=runs/tatoeba_cpu/checkpoints/best sentences='[Mi chiamo Luke]'
+    mt-masks sentences='[Mi chiamo Luke]' translations='[My name is Luke]' tokenizer=data
+
+Prints (1) the batch `collate` makes, (2) the three masks built by masks.py with what
+PyTorch's `nn.MultiheadAttention` would need instead, (3) with a checkpoint, a check of
+every attention weight against its mask, (4) one query row masked three ways from the
+model's real scores, (5) an all-padding row: NaN from a naive softmax, zeros from the
+model. Writes a PNG: the attention of one layer (every head and their mean) with masked
+cells hatched, or, without a checkpoint, the masks themselves. The library behind it is
+`transformer.mask_inspector`; the text and the picture are made here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+
+import hydra
+import matplotlib
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from omegaconf import DictConfig
+
+from transformer import cli
+from transformer.config import ConfigError, DataConfig, DecodeConfig, _check_device, _require
+from transformer.data import prepare_data
+from transformer.decoding import load_for_inference, translate_lines
+from transformer.mask_inspector import (
+    KINDS,
+    InspectedBatch,
+    WhitespaceTokenizer,
+    check_weights,
+    empty_row_case,
+    find_map,
+    make_batch,
+    masking_methods,
+    model_masks,
+    record_attention,
+    torch_equivalents,
+)
+from transformer.masks import key_padding_mask
+
+TOKENIZERS = ("auto", "whitespace", "data")
+TITLES = {"encoder_self": ("encoder self-attention", "src_key_mask"),
+          "decoder_self": ("decoder self-attention", "tgt_self_mask"),
+          "cross": ("cross-attention", "src_key_mask")}
+MAX_WIDTH = 120  # wider side-by-side matrices are printed one under another
+
+
+@dataclass
+class MasksConfig:
+    sentences: list[str] = field(default_factory=list)  # Italian sentences (required)
+    translations: list[str] | None = None  # their English; null: the checkpoint translates (greedy)
+    checkpoint: str | None = None  # null: masks only, no attention weights
+    tokenizer: str = "auto"  # auto (the checkpoint's, else whitespace) | whitespace | data
+    output: str | None = "outputs/masks.png"  # the PNG; null: none
+    sentence: int = 0  # the pair the picture and sections 4-5 show (from 0)
+    attention: str = "decoder_self"  # section 4's attention: encoder_self | decoder_self | cross
+    query: int = 1  # section 4's query row, a position of the padded batch (from 0)
+    layer: int = -1  # the layer of the picture and sections 4-5 (-1: the last)
+    head: int = 0  # the head of sections 4-5
+    device: str = "auto"
+    data: DataConfig = field(default_factory=DataConfig)  # tokenizer=data: its vocabulary
+
+    def validate(self) -> None:
+        _require(bool(self.sentences), "sentences", self.sentences,
+                 "give one or more Italian sentences: sentences='[Mi chiamo Luke, Ciao]'")
+        for i, text in enumerate(self.sentences):
+            _require(bool(text.strip()), f"sentences[{i}]", text, "is empty")
+        if self.translations is not None:
+            _require(len(self.translations) == len(self.sentences), "translations",
+                     self.translations, f"need one per sentence ({len(self.sentences)})")
+        elif not self.checkpoint:
+            raise ConfigError("translations=null: without a checkpoint there is no model to "
+                              "translate; give translations='[...]' or checkpoint=DIR")
+        _require(self.tokenizer in TOKENIZERS, "tokenizer", self.tokenizer,
+                 f"choose one of {', '.join(TOKENIZERS)}")
+        _require(not (self.checkpoint and self.tokenizer != "auto"), "tokenizer", self.tokenizer,
+                 "a checkpoint brings its own tokenizer: leave tokenizer=auto")
+        _require(self.attention in KINDS, "attention", self.attention,
+                 f"choose one of {', '.join(KINDS)}")
+        _require(0 <= self.sentence < len(self.sentences), "sentence", self.sentence,
+                 f"must index the {len(self.sentences)} sentence(s) (from 0)")
+        for name in ("query", "head"):
+            _require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        _check_device("device", self.device)
+        if self.tokenizer == "data":
+            self.data.validate("data")
+
+
+# --- text --------------------------------------------------------------------------------
+
+
+def table(corner: str, cols: list[str], rows: list[tuple[str, list[str]]], label_width: int = 0,
+          align: str = ">") -> list[str]:
+    """Aligned lines: a header of column labels, then one line per (label, cells); cells
+    right-aligned (align=">") or centred ("^") under their column labels."""
+    width = max(label_width, len(corner), *(len(label) for label, _ in rows))
+    widths = [max(len(c), *(len(cells[j]) for _, cells in rows)) for j, c in enumerate(cols)]
+
+    def line(first: str, cells: list[str], how: str) -> str:
+        return " ".join([first.ljust(width), *(f"{c:{how}{w}}" for c, w in zip(cells, widths))]).rstrip()
+
+    return [line(corner, cols, ">"), *(line(label, cells, align) for label, cells in rows)]
+
+
+def side_by_side(blocks: list[list[str]], gap: int = 4) -> list[str]:
+    """Blocks of lines next to each other, or one under another if that is too wide."""
+    widths = [max(map(len, block)) for block in blocks]
+    if sum(widths) + gap * (len(blocks) - 1) > MAX_WIDTH:
+        return [line for block in blocks for line in [*block, ""]][:-1]
+    rows = zip_longest(*blocks, fillvalue="")
+    return [(" " * gap).join(line.ljust(w) for line, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def ones_and_zeros(mask: torch.Tensor) -> list[str]:
+    return ["1" if m else "0" for m in mask.tolist()]
+
+
+def numbers(values: torch.Tensor, digits: int = 4) -> list[str]:
+    return [f"{v:.{digits}f}" for v in values.tolist()]
+
+
+def format_batch(inspected: InspectedBatch) -> list[str]:
+    batch = inspected.batch
+    lines = ["1. The batch as the model sees it (batching.collate): the source gets no <s>/</s>;",
+             "   tgt_in = <s> + translation, tgt_out = translation + </s> (what the loss predicts);",
+             f"   every row is padded to the longest with <pad> (id {batch.pad_id}).",
+             f"   src_ids {tuple(batch.src_ids.shape)}, tgt_in_ids {tuple(batch.tgt_in_ids.shape)}, "
+             f"tgt_out_ids {tuple(batch.tgt_out_ids.shape)}"]
+    for b, (src, tgt) in enumerate(zip(inspected.sentences, inspected.translations)):
+        lines += ["", f"sentence {b}: {src} -> {tgt}"]
+        for name in ("src_ids", "tgt_in_ids", "tgt_out_ids"):
+            ids = [str(i) for i in getattr(batch, name)[b].tolist()]
+            lines += table(name.removesuffix("_ids"), inspected.pieces(name, b), [(name, ids)], 11)
+    return lines
+
+
+def format_masks(inspected: InspectedBatch, b: int) -> list[str]:
+    """The three masks of sentence b as labelled 0/1 matrices (rows queries, columns keys)."""
+    masks = model_masks(inspected.batch)
+    blocks = []
+    for kind in KINDS:
+        queries, keys = inspected.query_key_pieces(kind, b)
+        title, function = TITLES[kind]
+        rows = [(q, ones_and_zeros(row)) for q, row in zip(queries, masks[kind][b])]
+        blocks.append([title, f"{function} ({len(queries)}x{len(keys)})", *table("", keys, rows, align="^")])
+    return side_by_side(blocks)
+
+
+def format_torch(inspected: InspectedBatch) -> list[str]:
+    """PyTorch's masks for the batch next to ours: the opposite polarity, side by side."""
+    batch, theirs = inspected.batch, torch_equivalents(inspected.batch)
+    agree = all(torch.equal(theirs.as_ours()[k], m) for k, m in model_masks(batch).items())
+    lines = ["PyTorch's nn.Transformer / nn.MultiheadAttention take, for the same batch, bool key",
+             "padding masks whose True means IGNORE this key (ours: True = may attend), and the",
+             "causal part as a float mask added to the scores:"]
+    ours_src = key_padding_mask(batch.src_ids, batch.pad_id)[:, 0, 0]
+    ours_tgt = key_padding_mask(batch.tgt_in_ids, batch.pad_id)[:, 0, 0]
+    for b in range(len(inspected.sentences)):
+        lines += ["", f"sentence {b}"]
+        lines += table("", inspected.pieces("src_ids", b), [
+            ("ours: key_padding_mask(src_ids)", ones_and_zeros(ours_src[b])),
+            ("src_key_padding_mask", ones_and_zeros(theirs.src_key_padding_mask[b]))], 34, "^")
+        lines += table("", inspected.pieces("tgt_in_ids", b), [
+            ("ours: key_padding_mask(tgt_in_ids)", ones_and_zeros(ours_tgt[b])),
+            ("tgt_key_padding_mask", ones_and_zeros(theirs.tgt_key_padding_mask[b]))], 34, "^")
+    t = batch.tgt_in_ids.size(1)
+    rows = [(str(i), [f"{v:g}" for v in row.tolist()]) for i, row in enumerate(theirs.tgt_mask)]
+    lines += ["", f"tgt_mask = nn.Transformer.generate_square_subsequent_mask({t}) (query rows, key columns):",
+              *table("", [str(j) for j in range(t)], rows),
+              "memory_key_padding_mask (cross-attention) = src_key_padding_mask; no causal mask there.",
+              f"Turned back into True = may attend, they equal masks.py's masks: {yes(agree)}."]
+    return lines
+
+
+def yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def format_checks(maps) -> list[str]:
+    lines = ["3. Attention weights of the model (one teacher-forced pass), every layer and head:"]
+    for c in map(check_weights, maps):
+        lines.append(f"   {c.kind:<12} layer {c.layer}: {c.masked} masked weights, largest "
+                     f"{c.max_masked:g} (exactly 0: {yes(c.max_masked == 0)}); {c.rows} rows sum "
+                     f"to 1 (largest error {c.max_row_error:.1e}): {'OK' if c.ok else 'FAILED'}")
+    return lines
+
+
+def format_methods(cfg: MasksConfig, inspected: InspectedBatch, maps) -> list[str]:
+    """Section 4: one row of the model's scores masked three ways; a line per key."""
+    m = find_map(maps, cfg.attention, cfg.layer)
+    queries, keys = inspected.query_key_pieces(cfg.attention, cfg.sentence)
+    scores, mask = m.scores[cfg.sentence, cfg.head, cfg.query], m.mask[cfg.sentence, cfg.query]
+    methods, model_row = masking_methods(scores, mask), m.weights[cfg.sentence, cfg.head, cfg.query]
+    columns = [methods.softmax_then_multiply, methods.multiply_then_softmax, methods.add_neg_inf, model_row]
+    rows = [(key, [f"{float(scores[j]):.2f}", "1" if mask[j] else "0", *(f"{float(w[j]):.4f}" for w in columns)])
+            for j, key in enumerate(keys)]
+    rows.append(("sum", ["", "", *(f"{float(w.sum()):.4f}" for w in columns)]))
+    lines = [f"4. One query row masked three ways, from the model's real scores: {cfg.attention}, "
+             f"layer {m.layer}, head {cfg.head},",
+             f"   sentence {cfg.sentence}, query {cfg.query} ({queries[cfg.query]}). (a) softmax, then "
+             "x mask; (b) scores x mask, then",
+             "   softmax; (c) scores + -inf where masked, then softmax (the model's way).",
+             *table("key", ["score", "mask", "(a)", "(b)", "(c)", "model"], rows)]
+    if mask.all():
+        return [*lines, "   This row has no masked key, so the three agree: choose another query= to see them differ."]
+    kept = float(methods.softmax_then_multiply.sum())
+    c_vs_real = float((methods.add_neg_inf - methods.real_keys_only).abs().max())
+    c_vs_model = float((methods.add_neg_inf - model_row).abs().max())
+    return [*lines,
+            f"   (a) sums to {kept:.4f}: the masked keys took {1 - kept:.4f} of the softmax, and the "
+            "real keys keep",
+            "       their unrescaled shares.",
+            f"   (b) gives the masked keys {float(methods.multiply_then_softmax[~mask].sum()):.4f}: a "
+            "zeroed score still counts e^0 = 1.",
+            f"   (c) is the softmax over the real keys alone (largest difference {c_vs_real:.1e}) and "
+            f"equals the",
+            f"       model's weights (largest difference {c_vs_model:.1e})."]
+
+
+def format_empty_row(cfg: MasksConfig, inspected: InspectedBatch, model) -> list[str]:
+    """Section 5: a naive softmax and the model on a row with no key (the first 6 keys shown)."""
+    case = empty_row_case(inspected, model, cfg.layer, cfg.head)
+    n = case.mask.numel()
+    shown = min(n, 6)
+    cells = lambda values, digits: numbers(values[:shown], digits) + (["..."] if n > shown else [])  # noqa: E731
+    if case.from_model:
+        layer = cfg.layer % model.cfg.n_encoder_layers
+        where = f"layer {layer}, head {cfg.head}: the model's own scores and stored weights"
+    else:
+        where = "no checkpoint: attention.attention_weights on zero scores; any scores give the same"
+    lines = ["5. An all-padding row: the batch plus a filler pair with an empty source. Query 0 of its",
+             f"   encoder self-attention has none of its {n} keys to attend to",
+             f"   ({where}).",
+             *table("", ["<pad>"] * shown + (["..."] if n > shown else []), [
+                 ("may attend (mask)", ones_and_zeros(case.mask[:shown]) + (["..."] if n > shown else [])),
+                 ("scores", cells(case.scores, 2)),
+                 ("naive softmax(scores + -inf)", cells(case.naive, 4)),
+                 ("the model (attention.py)", cells(case.model, 4))]),
+             f"   naive: NaN at all {n} keys: {yes(bool(case.naive.isnan().all()))}; the model: 0 at all "
+             f"{n} keys: {yes(bool((case.model == 0).all()))}.",
+             "   A softmax over nothing is 0/0 = NaN, and one NaN poisons the batch (0 x NaN = NaN):",
+             "   attention.py opens such a row to every key for the computation, then sets its output",
+             "   to exactly zero."]
+    if case.logits_finite is not None:
+        lines.append(f"   The model's logits for the whole batch, filler included, are finite: "
+                     f"{yes(case.logits_finite)}.")
+    return lines
+
+
+# --- picture -----------------------------------------------------------------------------
+
+
+def _panel(ax, values: np.ndarray, allowed: np.ndarray, rows: list[str], cols: list[str],
+           title: str, row_labels: bool = True):
+    """One (Q, K) matrix: values on a 0-1 scale, masked cells grey and hatched."""
+    cmap = matplotlib.colormaps["Blues"].with_extremes(bad="#d4d4d4")
+    image = ax.imshow(np.ma.masked_array(values, mask=~allowed), cmap=cmap, vmin=0.0, vmax=1.0)
+    for i, j in zip(*np.nonzero(~allowed)):
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
+                               edgecolor="#7a7a7a", linewidth=0))
+    ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(rows)), rows if row_labels else [], fontsize=7)
+    ax.set_title(title, fontsize=8)
+    return image
+
+
+def _figure(inspected: InspectedBatch, n_rows: int, n_cols: int) -> Figure:
+    side = 1.0 + 0.15 * max(inspected.batch.src_ids.size(1), inspected.batch.tgt_in_ids.size(1))
+    return Figure(figsize=(n_cols * side + 1.0, n_rows * side + 0.6), dpi=110, layout="constrained")
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")  # the Agg canvas: no display needed
+    return path
+
+
+def plot_masks(inspected: InspectedBatch, b: int, path: str | Path) -> Path:
+    """Sentence b's three masks (no model: no weights), 1 = may attend, masked cells hatched."""
+    fig = _figure(inspected, 1, 3)
+    masks = model_masks(inspected.batch)
+    for ax, kind in zip(fig.subplots(1, 3), KINDS):
+        allowed = masks[kind][b].numpy()
+        title, function = TITLES[kind]
+        _panel(ax, allowed.astype(float), allowed, *inspected.query_key_pieces(kind, b),
+               f"{title}: {function}")
+    fig.suptitle(f"{inspected.sentences[b]} -> {inspected.translations[b]}\n"
+                 "masks (blue: may attend, hatched: masked)", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_attention(inspected: InspectedBatch, maps, b: int, layer: int, path: str | Path) -> Path:
+    """One layer's attention for sentence b: a row per kind, a column per head and their mean."""
+    n_heads = maps[0].weights.size(1)
+    fig = _figure(inspected, 3, n_heads + 1)
+    axes = fig.subplots(3, n_heads + 1, squeeze=False)
+    for r, kind in enumerate(KINDS):
+        m = find_map(maps, kind, layer)
+        allowed = m.mask[b].numpy()
+        for c in range(n_heads + 1):
+            w = m.weights[b, c] if c < n_heads else m.weights[b].mean(0)
+            title = (f"head {c}" if c < n_heads else "mean over heads") if r == 0 else ""
+            image = _panel(axes[r, c], w.numpy(), allowed, *inspected.query_key_pieces(kind, b),
+                           title, row_labels=c == 0)
+        axes[r, 0].set_ylabel(TITLES[kind][0], fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.5, pad=0.01, label="attention weight")
+    fig.suptitle(f"{inspected.sentences[b]} -> {inspected.translations[b]}: layer {m.layer}, "
+                 "rows are queries, columns keys (hatched: masked, weight exactly 0)", fontsize=9)
+    return _save(fig, path)
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def load_inputs(cfg: MasksConfig):
+    """(model or None, tokenizer): the checkpoint's, the data group's, or whitespace words."""
+    if cfg.checkpoint:
+        model, tokenizer, _ = load_for_inference(cfg.checkpoint, cfg.device)
+        return model, tokenizer
+    if cfg.tokenizer == "data":
+        return None, prepare_data(cfg.data).tokenizer
+    return None, WhitespaceTokenizer([*cfg.sentences, *cfg.translations])
+
+
+def check_choices(cfg: MasksConfig, inspected: InspectedBatch, model) -> None:
+    """query, head and layer against this batch and this model."""
+    batch = inspected.batch
+    n = batch.src_ids.size(1) if cfg.attention == "encoder_self" else batch.tgt_in_ids.size(1)
+    _require(cfg.query < n, "query", cfg.query,
+             f"{cfg.attention} has {n} query rows in this batch (0 to {n - 1})")
+    if model is None:
+        return
+    _require(cfg.head < model.cfg.n_heads, "head", cfg.head,
+             f"the model has {model.cfg.n_heads} heads (0 to {model.cfg.n_heads - 1})")
+    for stack in ("encoder", "decoder"):
+        layers = getattr(model.cfg, f"n_{stack}_layers")
+        _require(-layers <= cfg.layer < layers, "layer", cfg.layer,
+                 f"the model has {layers} {stack} layers (0 to {layers - 1}, or -1 for the last)")
+
+
+def describe(cfg: MasksConfig, tokenizer) -> str:
+    if cfg.checkpoint:
+        tokens = f"the tokenizer of checkpoint {cfg.checkpoint}"
+    elif cfg.tokenizer == "data":
+        tokens = f"the SentencePiece vocabulary of data={cfg.data.name} ({tokenizer.vocab_size} pieces)"
+    else:
+        tokens = "whitespace-separated words"
+    given = "given" if cfg.translations is not None else "the model's own (greedy)"
+    return f"mt-masks: {len(cfg.sentences)} pair(s); tokens: {tokens}; translations: {given}"
+
+
+def inspect_masks(cfg: MasksConfig) -> None:
+    model, tokenizer = load_inputs(cfg)
+    translations = cfg.translations
+    if translations is None:
+        translations = translate_lines(model, tokenizer, cfg.sentences,
+                                       DecodeConfig(method="greedy", precision="fp32"))
+    inspected = make_batch(tokenizer, cfg.sentences, translations,
+                           model.cfg.max_len if model is not None else None)
+    check_choices(cfg, inspected, model)
+    lines = [describe(cfg, tokenizer), "", *format_batch(inspected), "",
+             "2. The masks the model builds (masks.py): rows are queries, columns keys, 1 = may attend."]
+    for b in range(len(inspected.sentences)):
+        lines += ["", f"sentence {b}", *format_masks(inspected, b)]
+    lines += ["", *format_torch(inspected), ""]
+    maps = record_attention(model, inspected.batch) if model is not None else None
+    if maps is None:
+        lines += ["3. Skipped: attention weights need a model (checkpoint=DIR).", "",
+                  "4. Skipped: the three masking methods need the model's scores (checkpoint=DIR).", ""]
+    else:
+        lines += [*format_checks(maps), "", *format_methods(cfg, inspected, maps), ""]
+    lines += format_empty_row(cfg, inspected, model)
+    if cfg.output:
+        path = (plot_masks(inspected, cfg.sentence, cfg.output) if maps is None
+                else plot_attention(inspected, maps, cfg.sentence, cfg.layer, cfg.output))
+        lines += ["", f"picture of sentence {cfg.sentence}: {path}"]
+    print("\n".join(lines), flush=True)
+
+
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="masks", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    cli.run_command("mt-masks", MasksConfig, cfg, inspect_masks)
+
+
+def main() -> None:
+    """The `mt-masks` console script."""
+    cli.hydra_entry("mt-masks", hydra_main)
+
+
+if __name__ == "__main__":
+    main()
