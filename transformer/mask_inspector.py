@@ -34,6 +34,10 @@ from transformer.masks import src_key_mask, tgt_self_mask
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 KINDS = ("encoder_self", "decoder_self", "cross")
+KIND_NAMES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
+              "cross": "cross-attention"}
+MASK_FUNCTIONS = {"encoder_self": "src_key_mask", "decoder_self": "tgt_self_mask",
+                  "cross": "src_key_mask"}  # the masks.py function that builds each
 ROW_SUM_TOLERANCE = 1e-5  # fp32 sums of a few hundred weights
 
 

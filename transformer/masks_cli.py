@@ -19,14 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import zip_longest
-from pathlib import Path
 
 import hydra
-import matplotlib
-import numpy as np
 import torch
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from omegaconf import DictConfig
 
 from transformer import cli
@@ -34,7 +29,9 @@ from transformer.config import ConfigError, DataConfig, DecodeConfig, _check_dev
 from transformer.data import prepare_data
 from transformer.decoding import load_for_inference, translate_lines
 from transformer.mask_inspector import (
+    KIND_NAMES,
     KINDS,
+    MASK_FUNCTIONS,
     InspectedBatch,
     WhitespaceTokenizer,
     check_weights,
@@ -47,11 +44,9 @@ from transformer.mask_inspector import (
     torch_equivalents,
 )
 from transformer.masks import key_padding_mask
+from transformer.plots import plot_attention_grid, plot_masks
 
 TOKENIZERS = ("auto", "whitespace", "data")
-TITLES = {"encoder_self": ("encoder self-attention", "src_key_mask"),
-          "decoder_self": ("decoder self-attention", "tgt_self_mask"),
-          "cross": ("cross-attention", "src_key_mask")}
 MAX_WIDTH = 120  # wider side-by-side matrices are printed one under another
 
 
@@ -150,7 +145,7 @@ def format_masks(inspected: InspectedBatch, b: int) -> list[str]:
     blocks = []
     for kind in KINDS:
         queries, keys = inspected.query_key_pieces(kind, b)
-        title, function = TITLES[kind]
+        title, function = KIND_NAMES[kind], MASK_FUNCTIONS[kind]
         rows = [(q, ones_and_zeros(row)) for q, row in zip(queries, masks[kind][b])]
         blocks.append([title, f"{function} ({len(queries)}x{len(keys)})", *table("", keys, rows, align="^")])
     return side_by_side(blocks)
@@ -257,69 +252,6 @@ def format_empty_row(cfg: MasksConfig, inspected: InspectedBatch, model) -> list
     return lines
 
 
-# --- picture -----------------------------------------------------------------------------
-
-
-def _panel(ax, values: np.ndarray, allowed: np.ndarray, rows: list[str], cols: list[str],
-           title: str, row_labels: bool = True):
-    """One (Q, K) matrix: values on a 0-1 scale, masked cells grey and hatched."""
-    cmap = matplotlib.colormaps["Blues"].with_extremes(bad="#d4d4d4")
-    image = ax.imshow(np.ma.masked_array(values, mask=~allowed), cmap=cmap, vmin=0.0, vmax=1.0)
-    for i, j in zip(*np.nonzero(~allowed)):
-        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
-                               edgecolor="#7a7a7a", linewidth=0))
-    ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(rows)), rows if row_labels else [], fontsize=7)
-    ax.set_title(title, fontsize=8)
-    return image
-
-
-def _figure(inspected: InspectedBatch, n_rows: int, n_cols: int) -> Figure:
-    side = 1.0 + 0.15 * max(inspected.batch.src_ids.size(1), inspected.batch.tgt_in_ids.size(1))
-    return Figure(figsize=(n_cols * side + 1.0, n_rows * side + 0.6), dpi=110, layout="constrained")
-
-
-def _save(fig: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")  # the Agg canvas: no display needed
-    return path
-
-
-def plot_masks(inspected: InspectedBatch, b: int, path: str | Path) -> Path:
-    """Sentence b's three masks (no model: no weights), 1 = may attend, masked cells hatched."""
-    fig = _figure(inspected, 1, 3)
-    masks = model_masks(inspected.batch)
-    for ax, kind in zip(fig.subplots(1, 3), KINDS):
-        allowed = masks[kind][b].numpy()
-        title, function = TITLES[kind]
-        _panel(ax, allowed.astype(float), allowed, *inspected.query_key_pieces(kind, b),
-               f"{title}: {function}")
-    fig.suptitle(f"{inspected.sentences[b]} -> {inspected.translations[b]}\n"
-                 "masks (blue: may attend, hatched: masked)", fontsize=9)
-    return _save(fig, path)
-
-
-def plot_attention(inspected: InspectedBatch, maps, b: int, layer: int, path: str | Path) -> Path:
-    """One layer's attention for sentence b: a row per kind, a column per head and their mean."""
-    n_heads = maps[0].weights.size(1)
-    fig = _figure(inspected, 3, n_heads + 1)
-    axes = fig.subplots(3, n_heads + 1, squeeze=False)
-    for r, kind in enumerate(KINDS):
-        m = find_map(maps, kind, layer)
-        allowed = m.mask[b].numpy()
-        for c in range(n_heads + 1):
-            w = m.weights[b, c] if c < n_heads else m.weights[b].mean(0)
-            title = (f"head {c}" if c < n_heads else "mean over heads") if r == 0 else ""
-            image = _panel(axes[r, c], w.numpy(), allowed, *inspected.query_key_pieces(kind, b),
-                           title, row_labels=c == 0)
-        axes[r, 0].set_ylabel(TITLES[kind][0], fontsize=9)
-    fig.colorbar(image, ax=axes, shrink=0.5, pad=0.01, label="attention weight")
-    fig.suptitle(f"{inspected.sentences[b]} -> {inspected.translations[b]}: layer {m.layer}, "
-                 "rows are queries, columns keys (hatched: masked, weight exactly 0)", fontsize=9)
-    return _save(fig, path)
-
-
 # --- the command -------------------------------------------------------------------------
 
 
@@ -383,7 +315,7 @@ def inspect_masks(cfg: MasksConfig) -> None:
     lines += format_empty_row(cfg, inspected, model)
     if cfg.output:
         path = (plot_masks(inspected, cfg.sentence, cfg.output) if maps is None
-                else plot_attention(inspected, maps, cfg.sentence, cfg.layer, cfg.output))
+                else plot_attention_grid(inspected, maps, cfg.sentence, cfg.layer, cfg.output))
         lines += ["", f"picture of sentence {cfg.sentence}: {path}"]
     print("\n".join(lines), flush=True)
 
