@@ -183,7 +183,7 @@ def yes(ok: bool) -> str:
 
 def format_checks(maps) -> list[str]:
     lines = ["3. Attention weights of the model (one teacher-forced pass), every layer and head:"]
-    for c in map(check_weights, maps):
+    for c in sorted(map(check_weights, maps), key=lambda c: (KINDS.index(c.kind), c.layer)):
         lines.append(f"   {c.kind:<12} layer {c.layer}: {c.masked} masked weights, largest "
                      f"{c.max_masked:g} (exactly 0: {yes(c.max_masked == 0)}); {c.rows} rows sum "
                      f"to 1 (largest error {c.max_row_error:.1e}): {'OK' if c.ok else 'FAILED'}")
