@@ -7,7 +7,7 @@ them and derives what a learner asks about masks:
 
     inspected = make_batch(tokenizer, ["Mi chiamo Luke"], ["My name is Luke"])
     masks = model_masks(inspected.batch)             # what encode/decode build, per kind
-    theirs = torch_equivalents(inspected.batch)      # nn.MultiheadAttention's masks, True = ignore
+    theirs = torch_equivalents(inspected.batch)      # nn.MultiheadAttention's, True = ignore
     maps = record_attention(model, inspected.batch)  # weights, scores and mask of every module
     checks = [check_weights(m) for m in maps]        # masked weights 0, rows sum to 1
     methods = masking_methods(scores, mask)          # one query row masked three ways
@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from transformer.attention import MultiHeadAttention, attention_weights
 from transformer.batching import Batch, collate
@@ -129,13 +128,20 @@ def model_masks(batch: Batch) -> dict[str, torch.Tensor]:
 
 @dataclass
 class TorchMasks:
-    """What `nn.Transformer` / `nn.MultiheadAttention` take for the same batch: bool key
-    padding masks whose True means IGNORE this key (the opposite of ours), and the causal
-    part as a float mask added to the scores (0 = may attend, -inf = may not)."""
+    """What `nn.Transformer` / `nn.MultiheadAttention` take for the same batch: bool masks
+    whose True means IGNORE this key, the opposite of ours (and of the bool `attn_mask` of
+    `F.scaled_dot_product_attention`, which is ours). One type per call: PyTorch deprecates
+    a bool key padding mask beside a float attn_mask."""
 
     src_key_padding_mask: torch.Tensor  # (B, S) bool; memory_key_padding_mask is the same
     tgt_key_padding_mask: torch.Tensor  # (B, T) bool
-    tgt_mask: torch.Tensor  # (T, T) float
+    tgt_mask: torch.Tensor  # (T, T) bool: the causal part, True above the diagonal
+
+    @property
+    def float_tgt_mask(self) -> torch.Tensor:
+        """The causal part as a float mask added to the scores, (T, T): 0 or -inf, what
+        `nn.Transformer.generate_square_subsequent_mask` returns."""
+        return torch.zeros(self.tgt_mask.shape).masked_fill(self.tgt_mask, float("-inf"))
 
     def as_ours(self) -> dict[str, torch.Tensor]:
         """Their masks turned into ours, (B, Q, K) True = may attend, per kind: what
@@ -145,18 +151,19 @@ class TorchMasks:
         src_keys = ~self.src_key_padding_mask[:, None, :]  # (B, 1, S)
         return {
             "encoder_self": src_keys.expand(b, s, s),
-            "decoder_self": (self.tgt_mask == 0) & ~self.tgt_key_padding_mask[:, None, :],
+            "decoder_self": ~self.tgt_mask & ~self.tgt_key_padding_mask[:, None, :],
             "cross": src_keys.expand(b, t, s),
         }
 
 
 def torch_equivalents(batch: Batch) -> TorchMasks:
-    """PyTorch's masks for the batch, built the way its documentation builds them."""
+    """PyTorch's masks for the batch: padding where the ids are pad_id, the future above
+    the diagonal."""
     t = batch.tgt_in_ids.size(1)
     return TorchMasks(
         src_key_padding_mask=batch.src_ids == batch.pad_id,
         tgt_key_padding_mask=batch.tgt_in_ids == batch.pad_id,
-        tgt_mask=nn.Transformer.generate_square_subsequent_mask(t),
+        tgt_mask=torch.ones(t, t, dtype=torch.bool).triu(1),
     )
 
 

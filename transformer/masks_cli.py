@@ -152,12 +152,13 @@ def format_masks(inspected: InspectedBatch, b: int) -> list[str]:
 
 
 def format_torch(inspected: InspectedBatch) -> list[str]:
-    """PyTorch's masks for the batch next to ours: the opposite polarity, side by side."""
+    """PyTorch's masks for the batch beside ours: the opposite polarity."""
     batch, theirs = inspected.batch, torch_equivalents(inspected.batch)
     agree = all(torch.equal(theirs.as_ours()[k], m) for k, m in model_masks(batch).items())
-    lines = ["PyTorch's nn.Transformer / nn.MultiheadAttention take, for the same batch, bool key",
-             "padding masks whose True means IGNORE this key (ours: True = may attend), and the",
-             "causal part as a float mask added to the scores:"]
+    lines = ["PyTorch's nn.Transformer / nn.MultiheadAttention want, for the same batch, bool masks",
+             "whose True means IGNORE (ours, like F.scaled_dot_product_attention's: True = may attend).",
+             "Give both masks of a call one type: a bool key padding mask with a float attn_mask is",
+             "deprecated."]
     ours_src = key_padding_mask(batch.src_ids, batch.pad_id)[:, 0, 0]
     ours_tgt = key_padding_mask(batch.tgt_in_ids, batch.pad_id)[:, 0, 0]
     for b in range(len(inspected.sentences)):
@@ -169,11 +170,14 @@ def format_torch(inspected: InspectedBatch) -> list[str]:
             ("ours: key_padding_mask(tgt_in_ids)", ones_and_zeros(ours_tgt[b])),
             ("tgt_key_padding_mask", ones_and_zeros(theirs.tgt_key_padding_mask[b]))], 34, "^")
     t = batch.tgt_in_ids.size(1)
-    rows = [(str(i), [f"{v:g}" for v in row.tolist()]) for i, row in enumerate(theirs.tgt_mask)]
-    lines += ["", f"tgt_mask = nn.Transformer.generate_square_subsequent_mask({t}) (query rows, key columns):",
-              *table("", [str(j) for j in range(t)], rows),
-              "memory_key_padding_mask (cross-attention) = src_key_padding_mask; no causal mask there.",
-              f"Turned back into True = may attend, they equal masks.py's masks: {yes(agree)}."]
+    rows = [(str(i), ones_and_zeros(row)) for i, row in enumerate(theirs.tgt_mask)]
+    lines += ["", "tgt_mask, the causal part (query rows, key columns; 1 = ignore):",
+              *table("", [str(j) for j in range(t)], rows, align="^"),
+              f"As a float mask added to the scores: nn.Transformer.generate_square_subsequent_mask({t}),",
+              "-inf where this is 1. Cross-attention takes memory_key_padding_mask = "
+              "src_key_padding_mask",
+              "and no causal mask.",
+              f"Turned into True = may attend, they equal masks.py's masks: {yes(agree)}."]
     return lines
 
 
