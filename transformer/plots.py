@@ -20,6 +20,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import torch
+from matplotlib.collections import PatchCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -110,9 +111,13 @@ def _panel(ax, values: np.ndarray, allowed: np.ndarray, rows: list[str], cols: l
     """One (Q, K) matrix: values on a 0-1 scale, masked cells grey and hatched."""
     cmap = matplotlib.colormaps["Blues"].with_extremes(bad="#d4d4d4")
     image = ax.imshow(np.ma.masked_array(values, mask=~allowed), cmap=cmap, vmin=0.0, vmax=1.0)
-    for i, j in zip(*np.nonzero(~allowed)):
-        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
-                               edgecolor="#7a7a7a", linewidth=0))
+    runs = []  # one rectangle per run of masked cells in a row: a patch per cell draws slowly
+    for i, row in enumerate(~allowed):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
+        runs += [Rectangle((start - 0.5, i - 0.5), stop - start, 1)
+                 for start, stop in zip(edges[::2], edges[1::2])]
+    ax.add_collection(PatchCollection(runs, facecolor="none", edgecolor="#7a7a7a", hatch="////",
+                                      linewidth=0))
     ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
     ax.set_yticks(range(len(rows)), rows if row_labels else [], fontsize=7)
     ax.set_title(title, fontsize=8)
