@@ -259,7 +259,7 @@ def test_mt_masks_with_a_checkpoint_translates_checks_and_draws(checkpoint, monk
     assert "translations: the model's own (greedy)" in out
     checks = [line for line in out.splitlines() if "masked weights" in line]
     assert len(checks) == 6 and all(line.endswith(": OK") for line in checks)
-    assert "4. One query row masked three ways, from the model's real scores: cross, layer 0, head 1" in out
+    assert "   cross, layer 0, head 1, sentence 0, query 0 (<s>)." in out
     assert "filler included, are finite: yes" in out
     assert (tmp_path / "grid.png").read_bytes().startswith(PNG_MAGIC)
 

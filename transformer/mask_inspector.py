@@ -311,7 +311,7 @@ class EmptyRowCase:
     scores: torch.Tensor  # (S,) the model's scores, or zeros without a model
     naive: torch.Tensor  # (S,) softmax(scores + -inf where masked): 0/0 = NaN
     model: torch.Tensor  # (S,) what attention.py gives: zeros
-    from_model: bool  # model: a real model's stored weights (else attention_weights on zeros)
+    layer: int | None  # the encoder layer of the model's weights; None: attention_weights on zeros
     logits_finite: bool | None  # the model's logits for the whole batch, filler included
 
 
@@ -326,14 +326,14 @@ def empty_row_case(
     filled = with_filler_pair(inspected)
     b = len(filled.sentences) - 1
     mask = model_masks(filled.batch)["encoder_self"][b, 0]  # (S,)
-    logits_finite = None
+    logits_finite, found_layer = None, None
     if model is None:
         s = mask.numel()
         scores = torch.zeros(s)
         got = attention_weights(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, s, 1), mask.view(1, 1, 1, s))[0, 0, 0]
     else:
         m = find_map(record_attention(model, filled.batch), "encoder_self", layer)
-        scores, got = m.scores[b, head, 0], m.weights[b, head, 0]
+        scores, got, found_layer = m.scores[b, head, 0], m.weights[b, head, 0], m.layer
         logits_finite = bool(torch.isfinite(_logits(model, filled.batch)).all())
     naive = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    return EmptyRowCase(mask, scores, naive, got, model is not None, logits_finite)
+    return EmptyRowCase(mask, scores, naive, got, found_layer, logits_finite)

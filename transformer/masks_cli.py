@@ -57,11 +57,11 @@ class MasksConfig:
     checkpoint: str | None = None  # null: masks only, no attention weights
     tokenizer: str = "auto"  # auto (the checkpoint's, else whitespace) | whitespace | data
     output: str | None = "outputs/masks.png"  # the PNG; null: none
-    sentence: int = 0  # the pair the picture and sections 4-5 show (from 0)
-    attention: str = "decoder_self"  # section 4's attention: encoder_self | decoder_self | cross
-    query: int = 1  # section 4's query row, a position of the padded batch (from 0)
-    layer: int = -1  # the layer of the picture and sections 4-5 (-1: the last)
-    head: int = 0  # the head of sections 4-5
+    sentence: int = 0  # the pair the picture and parts 4-5 show (from 0)
+    attention: str = "decoder_self"  # part 4's attention: encoder_self | decoder_self | cross
+    query: int = 1  # part 4's query row, a position of the padded batch (from 0)
+    layer: int = -1  # the layer of the picture and parts 4-5 (-1: the last)
+    head: int = 0  # the head of parts 4-5
     device: str = "auto"
     data: DataConfig = field(default_factory=DataConfig)  # tokenizer=data: its vocabulary
 
@@ -195,7 +195,7 @@ def format_checks(maps) -> list[str]:
 
 
 def format_methods(cfg: MasksConfig, inspected: InspectedBatch, maps) -> list[str]:
-    """Section 4: one row of the model's scores masked three ways; a line per key."""
+    """Part 4: one row of the model's scores masked three ways; a line per key."""
     m = find_map(maps, cfg.attention, cfg.layer)
     queries, keys = inspected.query_key_pieces(cfg.attention, cfg.sentence)
     scores, mask = m.scores[cfg.sentence, cfg.head, cfg.query], m.mask[cfg.sentence, cfg.query]
@@ -204,11 +204,11 @@ def format_methods(cfg: MasksConfig, inspected: InspectedBatch, maps) -> list[st
     rows = [(key, [f"{float(scores[j]):.2f}", "1" if mask[j] else "0", *(f"{float(w[j]):.4f}" for w in columns)])
             for j, key in enumerate(keys)]
     rows.append(("sum", ["", "", *(f"{float(w.sum()):.4f}" for w in columns)]))
-    lines = [f"4. One query row masked three ways, from the model's real scores: {cfg.attention}, "
-             f"layer {m.layer}, head {cfg.head},",
-             f"   sentence {cfg.sentence}, query {cfg.query} ({queries[cfg.query]}). (a) softmax, then "
-             "x mask; (b) scores x mask, then",
-             "   softmax; (c) scores + -inf where masked, then softmax (the model's way).",
+    lines = ["4. One query row masked three ways, from the model's real scores (q.k/sqrt(Dh)):",
+             f"   {cfg.attention}, layer {m.layer}, head {cfg.head}, sentence {cfg.sentence}, "
+             f"query {cfg.query} ({queries[cfg.query]}).",
+             "   (a) softmax, then x mask; (b) scores x mask, then softmax;",
+             "   (c) scores + -inf where masked, then softmax: the model's way.",
              *table("key", ["score", "mask", "(a)", "(b)", "(c)", "model"], rows)]
     if mask.all():
         return [*lines, "   This row has no masked key, so the three agree: choose another query= to see them differ."]
@@ -216,35 +216,31 @@ def format_methods(cfg: MasksConfig, inspected: InspectedBatch, maps) -> list[st
     c_vs_real = float((methods.add_neg_inf - methods.real_keys_only).abs().max())
     c_vs_model = float((methods.add_neg_inf - model_row).abs().max())
     return [*lines,
-            f"   (a) sums to {kept:.4f}: the masked keys took {1 - kept:.4f} of the softmax, and the "
-            "real keys keep",
-            "       their unrescaled shares.",
-            f"   (b) gives the masked keys {float(methods.multiply_then_softmax[~mask].sum()):.4f}: a "
-            "zeroed score still counts e^0 = 1.",
-            f"   (c) is the softmax over the real keys alone (largest difference {c_vs_real:.1e}) and "
-            f"equals the",
-            f"       model's weights (largest difference {c_vs_model:.1e})."]
+            f"   (a) sums to {kept:.4f}: the masked keys took {1 - kept:.4f} of the softmax,",
+            "       and the real keys keep their unrescaled shares.",
+            f"   (b) gives the masked keys {float(methods.multiply_then_softmax[~mask].sum()):.4f}:",
+            "       a zeroed score still counts e^0 = 1.",
+            f"   (c) is the softmax over the real keys alone (largest difference {c_vs_real:.1e})",
+            f"       and the model's own weights (largest difference {c_vs_model:.1e})."]
 
 
 def format_empty_row(cfg: MasksConfig, inspected: InspectedBatch, model) -> list[str]:
-    """Section 5: a naive softmax and the model on a row with no key (the first 6 keys shown)."""
+    """Part 5: a naive softmax and the model on a row with no key (the first 6 keys shown)."""
     case = empty_row_case(inspected, model, cfg.layer, cfg.head)
-    n = case.mask.numel()
-    shown = min(n, 6)
-    cells = lambda values, digits: numbers(values[:shown], digits) + (["..."] if n > shown else [])  # noqa: E731
-    if case.from_model:
-        layer = cfg.layer % model.cfg.n_encoder_layers
-        where = f"layer {layer}, head {cfg.head}: the model's own scores and stored weights"
+    n, shown = case.mask.numel(), min(case.mask.numel(), 6)
+    more = ["..."] if n > shown else []
+    if case.layer is not None:
+        where = f"layer {case.layer}, head {cfg.head}: the model's own scores and stored weights"
     else:
         where = "no checkpoint: attention.attention_weights on zero scores; any scores give the same"
     lines = ["5. An all-padding row: the batch plus a filler pair with an empty source. Query 0 of its",
              f"   encoder self-attention has none of its {n} keys to attend to",
              f"   ({where}).",
-             *table("", ["<pad>"] * shown + (["..."] if n > shown else []), [
-                 ("may attend (mask)", ones_and_zeros(case.mask[:shown]) + (["..."] if n > shown else [])),
-                 ("scores", cells(case.scores, 2)),
-                 ("naive softmax(scores + -inf)", cells(case.naive, 4)),
-                 ("the model (attention.py)", cells(case.model, 4))]),
+             *table("", ["<pad>"] * shown + more, [
+                 ("may attend (mask)", ones_and_zeros(case.mask[:shown]) + more),
+                 ("scores", numbers(case.scores[:shown], 2) + more),
+                 ("naive softmax(scores + -inf)", numbers(case.naive[:shown]) + more),
+                 ("the model (attention.py)", numbers(case.model[:shown]) + more)]),
              f"   naive: NaN at all {n} keys: {yes(bool(case.naive.isnan().all()))}; the model: 0 at all "
              f"{n} keys: {yes(bool((case.model == 0).all()))}.",
              "   A softmax over nothing is 0/0 = NaN, and one NaN poisons the batch (0 x NaN = NaN):",
@@ -306,7 +302,8 @@ def inspect_masks(cfg: MasksConfig) -> None:
                            model.cfg.max_len if model is not None else None)
     check_choices(cfg, inspected, model)
     lines = [describe(cfg, tokenizer), "", *format_batch(inspected), "",
-             "2. The masks the model builds (masks.py): rows are queries, columns keys, 1 = may attend."]
+             "2. The masks the model builds (masks.py): rows are queries, columns keys, 1 = may attend.",
+             "   Pad query rows stay open: nothing reads their outputs, and every pad is masked as a key."]
     for b in range(len(inspected.sentences)):
         lines += ["", f"sentence {b}", *format_masks(inspected, b)]
     lines += ["", *format_torch(inspected), ""]
