@@ -29,6 +29,12 @@ def run(run_dir: Path, *overrides: str) -> Trainer:
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of every event of `tag`, in the order they were written.
+
+    EventAccumulator reads a run's event files in name order, and the names end with a
+    per-process counter: a resumed run's file `...<time>.<pid>.10` written in the same second
+    as `...<time>.<pid>.9` would be read first. So the events are put in time order.
+    """
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+    return [(e.step, e.value) for e in sorted(acc.Scalars(tag), key=lambda e: e.wall_time)]

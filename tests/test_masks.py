@@ -13,48 +13,46 @@ from transformer.masks import causal_mask, key_padding_mask, src_key_mask, tgt_s
 from transformer.model import Transformer
 
 PAD = 0
-# [<s>, Mi, chiamo, Luke, </s>, <pad>]
-SRC_IDS = torch.tensor([[2, 10, 11, 12, 3, 0]])
-# [<s>, My, name, is, Luke, </s>, <pad>, <pad>]
-TGT_IDS = torch.tensor([[2, 20, 21, 22, 12, 3, 0, 0]])
+# The first pair of the README's batch ("Mi chiamo Luke" / "My name is Luke" beside a longer
+# pair), as batching.collate pads it: the source has no <s>/</s>, the target input is
+# <s> + y. Ids of mt-masks' whitespace vocabulary.
+# [Mi, chiamo, Luke, <pad>, <pad>]
+SRC_IDS = torch.tensor([[4, 5, 6, 0, 0]])
+# [<s>, My, name, is, Luke, <pad>]
+TGT_IDS = torch.tensor([[2, 12, 13, 14, 6, 0]])
 
-# Encoder self-attention: every query may read every real source token; the pad column
-# is closed. The pad query row is open like the others: its output is never read.
+# Encoder self-attention: every query may read every real source token; the pad columns
+# are closed. The pad query rows are open like the others: their outputs are never read.
 ENCODER_SELF = [
-    #  <s> Mi chiamo Luke </s> <pad>     <- keys
-    [1, 1, 1, 1, 1, 0],  # <s>
-    [1, 1, 1, 1, 1, 0],  # Mi
-    [1, 1, 1, 1, 1, 0],  # chiamo
-    [1, 1, 1, 1, 1, 0],  # Luke
-    [1, 1, 1, 1, 1, 0],  # </s>
-    [1, 1, 1, 1, 1, 0],  # <pad>
+    # Mi chiamo Luke <pad> <pad>     <- keys
+    [1, 1, 1, 0, 0],  # Mi
+    [1, 1, 1, 0, 0],  # chiamo
+    [1, 1, 1, 0, 0],  # Luke
+    [1, 1, 1, 0, 0],  # <pad>
+    [1, 1, 1, 0, 0],  # <pad>
 ]
 
-# Decoder self-attention: causal triangle AND the two target pad columns.
+# Decoder self-attention: causal triangle AND the target pad column.
 DECODER_SELF = [
-    # <s> My name is Luke </s> <pad> <pad>
-    [1, 0, 0, 0, 0, 0, 0, 0],  # <s>
-    [1, 1, 0, 0, 0, 0, 0, 0],  # My
-    [1, 1, 1, 0, 0, 0, 0, 0],  # name
-    [1, 1, 1, 1, 0, 0, 0, 0],  # is
-    [1, 1, 1, 1, 1, 0, 0, 0],  # Luke
-    [1, 1, 1, 1, 1, 1, 0, 0],  # </s>
-    [1, 1, 1, 1, 1, 1, 0, 0],  # <pad>
-    [1, 1, 1, 1, 1, 1, 0, 0],  # <pad>
+    # <s> My name is Luke <pad>
+    [1, 0, 0, 0, 0, 0],  # <s>
+    [1, 1, 0, 0, 0, 0],  # My
+    [1, 1, 1, 0, 0, 0],  # name
+    [1, 1, 1, 1, 0, 0],  # is
+    [1, 1, 1, 1, 1, 0],  # Luke
+    [1, 1, 1, 1, 1, 0],  # <pad>
 ]
 
 # Cross-attention: every target position may read the whole real source, so only the
-# source pad column is closed; there is no triangle.
+# source pad columns are closed; there is no triangle.
 CROSS = [
-    # <s> Mi chiamo Luke </s> <pad>
-    [1, 1, 1, 1, 1, 0],  # <s>
-    [1, 1, 1, 1, 1, 0],  # My
-    [1, 1, 1, 1, 1, 0],  # name
-    [1, 1, 1, 1, 1, 0],  # is
-    [1, 1, 1, 1, 1, 0],  # Luke
-    [1, 1, 1, 1, 1, 0],  # </s>
-    [1, 1, 1, 1, 1, 0],  # <pad>
-    [1, 1, 1, 1, 1, 0],  # <pad>
+    # Mi chiamo Luke <pad> <pad>
+    [1, 1, 1, 0, 0],  # <s>
+    [1, 1, 1, 0, 0],  # My
+    [1, 1, 1, 0, 0],  # name
+    [1, 1, 1, 0, 0],  # is
+    [1, 1, 1, 0, 0],  # Luke
+    [1, 1, 1, 0, 0],  # <pad>
 ]
 
 
@@ -70,19 +68,19 @@ def expected(rows: list[list[int]]) -> torch.Tensor:
 def test_encoder_self_attention_mask_closes_the_source_pad_column():
     mask = src_key_mask(SRC_IDS, PAD)
     assert mask.dtype == torch.bool
-    assert torch.equal(as_drawn(mask, 6, 6), expected(ENCODER_SELF))
+    assert torch.equal(as_drawn(mask, 5, 5), expected(ENCODER_SELF))
 
 
 def test_decoder_self_attention_mask_is_causal_and_closes_target_pad_columns():
     mask = tgt_self_mask(TGT_IDS, PAD)
     assert mask.dtype == torch.bool
-    assert torch.equal(as_drawn(mask, 8, 8), expected(DECODER_SELF))
+    assert torch.equal(as_drawn(mask, 6, 6), expected(DECODER_SELF))
 
 
 def test_cross_attention_mask_closes_only_the_source_pad_column_with_no_triangle():
     # The model reuses the source key mask for cross-attention (model.py, decode).
     mask = src_key_mask(SRC_IDS, PAD)
-    assert torch.equal(as_drawn(mask, 8, 6), expected(CROSS))
+    assert torch.equal(as_drawn(mask, 6, 5), expected(CROSS))
 
 
 def test_mask_shapes_broadcast_against_scores():

@@ -1,11 +1,14 @@
-"""Cross-attention heatmaps: where the decoder looked in the source for each output piece.
+"""Attention heatmaps: where the decoder looked in the source for each output piece
+(`cross_attention`, `plot_alignment`), and the masks and attention of a batch, one layer
+at a time (`plot_masks`, `plot_attention_grid`: the pictures of `mt-masks`).
 
 Shapes: H heads, S source pieces, T target pieces (the output tokens plus EOS).
 
-The sentence is translated greedily, then the decoder is re-run once over BOS + the
-translation with the chosen layer's cross-attention weights kept (equal to what the
-cached search saw, step by step, as the search tests check cached = full decoding).
-Row t of the picture is the attention while predicting output piece t.
+`cross_attention` translates the sentence greedily, then re-runs the decoder once over
+BOS + the translation with the chosen layer's cross-attention weights kept (equal to what
+the cached search saw, step by step, as the search tests check cached = full decoding).
+Row t of the picture is the attention while predicting output piece t. The `mt-masks`
+pictures draw a batch as `mask_inspector` collects it: masked cells grey and hatched.
 Matplotlib's object API with the Agg canvas: no display, no global pyplot state.
 """
 
@@ -14,10 +17,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
+import numpy as np
 import torch
+from matplotlib.collections import PatchCollection
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from transformer.decoding import encode_sources
+from transformer.mask_inspector import (
+    KIND_NAMES,
+    KINDS,
+    MASK_FUNCTIONS,
+    AttentionMap,
+    InspectedBatch,
+    find_map,
+    model_masks,
+)
 from transformer.search import greedy_search
 from transformer.tokenizer import Tokenizer
 
@@ -80,7 +96,69 @@ def plot_alignment(alignment: Alignment, path: str | Path, title: str | None = N
                  fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def _panel(ax, values: np.ndarray, allowed: np.ndarray, rows: list[str], cols: list[str],
+           title: str, row_labels: bool = True):
+    """One (Q, K) matrix: values on a 0-1 scale, masked cells grey and hatched."""
+    cmap = matplotlib.colormaps["Blues"].with_extremes(bad="#d4d4d4")
+    image = ax.imshow(np.ma.masked_array(values, mask=~allowed), cmap=cmap, vmin=0.0, vmax=1.0)
+    runs = []  # one rectangle per run of masked cells in a row: a patch per cell draws slowly
+    for i, row in enumerate(~allowed):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
+        runs += [Rectangle((start - 0.5, i - 0.5), stop - start, 1)
+                 for start, stop in zip(edges[::2], edges[1::2])]
+    ax.add_collection(PatchCollection(runs, facecolor="none", edgecolor="#7a7a7a", hatch="////",
+                                      linewidth=0))
+    ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(rows)), rows if row_labels else [], fontsize=7)
+    ax.set_title(title, fontsize=8)
+    return image
+
+
+def _figure(inspected: InspectedBatch, n_rows: int, n_cols: int) -> Figure:
+    side = 1.0 + 0.15 * max(inspected.batch.src_ids.size(1), inspected.batch.tgt_in_ids.size(1))
+    return Figure(figsize=(n_cols * side + 1.0, n_rows * side + 0.6), dpi=110, layout="constrained")
+
+
+def plot_masks(inspected: InspectedBatch, b: int, path: str | Path) -> Path:
+    """Sentence b's three masks (no model: no weights), 1 = may attend, masked cells hatched."""
+    fig = _figure(inspected, 1, 3)
+    masks = model_masks(inspected.batch)
+    for ax, kind in zip(fig.subplots(1, 3), KINDS):
+        allowed = masks[kind][b].numpy()
+        _panel(ax, allowed.astype(float), allowed, *inspected.query_key_pieces(kind, b),
+               f"{KIND_NAMES[kind]}: {MASK_FUNCTIONS[kind]}")
+    fig.suptitle(f"{inspected.sentences[b]} -> {inspected.translations[b]}\n"
+                 "masks (blue: may attend, hatched: masked)", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_attention_grid(
+    inspected: InspectedBatch, maps: list[AttentionMap], b: int, layer: int, path: str | Path
+) -> Path:
+    """One layer's attention for sentence b: a row per kind, a column per head and their mean."""
+    n_heads = maps[0].weights.size(1)
+    fig = _figure(inspected, 3, n_heads + 1)
+    axes = fig.subplots(3, n_heads + 1, squeeze=False)
+    for r, kind in enumerate(KINDS):
+        m = find_map(maps, kind, layer)
+        allowed = m.mask[b].numpy()
+        for c in range(n_heads + 1):
+            w = m.weights[b, c] if c < n_heads else m.weights[b].mean(0)
+            title = (f"head {c}" if c < n_heads else "mean over heads") if r == 0 else ""
+            image = _panel(axes[r, c], w.numpy(), allowed, *inspected.query_key_pieces(kind, b),
+                           title, row_labels=c == 0)
+        axes[r, 0].set_ylabel(KIND_NAMES[kind], fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.5, pad=0.01, label="attention weight")
+    fig.suptitle(f"{inspected.sentences[b]} -> {inspected.translations[b]}: layer {m.layer}, "
+                 "rows are queries, columns keys (hatched: masked, weight exactly 0)", fontsize=9)
+    return _save(fig, path)
