@@ -27,8 +27,10 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[float, int, float]
         acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
         acc.Reload()
         for tag in acc.Tags()["scalars"]:
-            for e in acc.Scalars(tag):
-                series.setdefault(tag, {})[e.step] = (e.wall_time, e.step, e.value)
+            for e in acc.Scalars(tag):  # by wall time: file names do not order resumed segments
+                known = series.setdefault(tag, {}).get(e.step)
+                if known is None or e.wall_time >= known[0]:
+                    series[tag][e.step] = (e.wall_time, e.step, e.value)
     return {tag: [v[s] for s in sorted(v)] for tag, v in series.items()}
 
 
