@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from transformer.attention import KVCache, MultiHeadAttention, attention_weights
+from transformer.mask_inspector import masking_methods
 
 B, H, T, S, D = 2, 4, 5, 6, 16
 
@@ -45,20 +46,21 @@ SCORES = torch.tensor([0.0, -1.0, 5.0])
 KEEP = torch.tensor([1.0, 1.0, 0.0])
 
 
-def test_multiplying_the_softmax_output_by_a_0_1_mask_breaks_the_distribution():
-    w = SCORES.softmax(-1) * KEEP
-    # The masked key held 99% of the weight: what is left sums to about 0.009, not 1,
-    # and the real keys keep their tiny unscaled weights.
-    assert w.sum() < 0.01
-    torch.testing.assert_close(w[:2], SCORES.softmax(-1)[:2])
-
-
-def test_multiplying_the_scores_by_a_0_1_mask_leaves_weight_on_the_masked_key():
-    w = (SCORES * KEEP).softmax(-1)
-    # The masked score becomes 0 and e^0 = 1: the pad key gets 42% of the weight, more
-    # than the real key whose score is negative.
-    assert w[2] > 0.4
-    assert w[2] > w[1]
+def test_the_readmes_table_of_the_three_masking_methods():
+    """README "Why add -inf": the rows mt-masks prints (mask_inspector.masking_methods), with
+    the model's way checked against attention.py itself."""
+    m = masking_methods(SCORES, KEEP.bool())
+    # softmax, then multiply: the pad key held 99% of the weight; what is left sums to 0.009
+    # and the real keys keep their tiny unscaled weights
+    torch.testing.assert_close(m.softmax_then_multiply, torch.tensor([0.0067, 0.0025, 0.0]), atol=5e-5, rtol=0)
+    assert m.softmax_then_multiply.sum() < 0.01
+    # multiply the scores: the pad score becomes 0, e^0 = 1, and it outweighs a real key
+    torch.testing.assert_close(m.multiply_then_softmax, torch.tensor([0.42, 0.16, 0.42]), atol=5e-3, rtol=0)
+    assert m.multiply_then_softmax[2] > m.multiply_then_softmax[1]
+    # add -inf: exactly the softmax over the real keys, as attention.py computes it
+    torch.testing.assert_close(m.add_neg_inf, torch.tensor([0.73, 0.27, 0.0]), atol=5e-3, rtol=0)
+    model_way = attention_weights(torch.ones(1, 1, 1, 1), SCORES.view(1, 1, 3, 1), KEEP.bool().view(1, 1, 1, 3))
+    torch.testing.assert_close(model_way[0, 0, 0], m.add_neg_inf)
 
 
 def test_additive_mask_gives_the_softmax_over_the_real_keys_only():

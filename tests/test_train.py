@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import socket
@@ -15,10 +16,11 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from safetensors.torch import load_file
 
 from transformer import checkpoint as ckpt
+from transformer.batching import collate
 from transformer.config import PROJECT_ROOT, TrainConfig, to_dataclass
 from transformer.rundir import RunDirError
 from transformer.trainer import Trainer
-from transformer.validation import bleu_sample
+from transformer.validation import DevResult, bleu_sample
 
 from helpers import DEBUG, compose_cfg, run, scalars
 
@@ -77,6 +79,54 @@ def test_logged_loss_is_the_token_weighted_mean_of_the_window(tmp_path, monkeypa
     log_lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines()
                  if "step 5: loss" in line]
     assert f"step 5: loss {logged[5]:.3f}" in log_lines[0]
+
+
+NO_DROPOUT = ["model.dropout=0", "model.attn_dropout=0", "model.ffn_dropout=0"]
+
+
+def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):
+    """N micro-batches accumulated give the update of one batch holding all their pairs."""
+    trainer = run(tmp_path / "run", *NO_DROPOUT, "trainer.max_steps=1", "trainer.val_every=100")
+    model_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    opt_state = copy.deepcopy(trainer.optimizer.state_dict())
+    sched_state = copy.deepcopy(trainer.scheduler.state_dict())
+    tok = trainer.tokenizer
+    rows = [trainer.sampler.batches(1)[i] for i in (0, 1, 2)]
+    micro = [collate(trainer.train_ids[r], tok.pad_id, tok.bos_id, tok.eos_id) for r in rows]
+    union = collate(trainer.train_ids[[i for r in rows for i in r]], tok.pad_id, tok.bos_id, tok.eos_id)
+    grads = []  # the gradient each update applies, as the optimizer sees it
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    accumulated = trainer.train_step(micro)
+    trainer.model.load_state_dict(model_state)
+    trainer.optimizer.load_state_dict(opt_state)
+    trainer.scheduler.load_state_dict(sched_state)
+    whole = trainer.train_step([union])
+    assert accumulated["tokens"] == whole["tokens"]
+    assert accumulated["loss_sum"] == pytest.approx(whole["loss_sum"], rel=1e-5)
+    assert accumulated["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][name], rtol=1e-4, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in grads[0].values())
+
+
+def test_patience_stops_after_that_many_validations_without_a_better_score(tmp_path, monkeypatch):
+    scores = iter([5.0, 7.0, 6.0, 7.0, 1.0, 9.0])  # best at the 2nd validation, then 3 worse
+
+    def fake_validate(self):
+        bleu = next(scores)
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu, examples=[])}
+
+    monkeypatch.setattr(Trainer, "validate", fake_validate)
+    trainer = run(tmp_path / "run", "trainer.max_steps=100", "trainer.val_every=2", "trainer.patience=3")
+    assert trainer.state.step == 10  # validations at 2, 4 (best), 6, 8, 10: three without progress
+    assert trainer.state.best_bleu == 7.0 and trainer.state.bad_validations == 3
+    assert ckpt.load_meta(tmp_path / "run" / "checkpoints" / "best")["step"] == 4
 
 
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
