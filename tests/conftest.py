@@ -5,6 +5,8 @@ others. The suite runs as on the latter everywhere, so that its results do not d
 the machine; tests/test_runtime.py covers both kinds by mocking the capability.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -22,3 +24,12 @@ def _one_torch_thread():
 @pytest.fixture(autouse=True)
 def _cpu_without_native_bf16(monkeypatch):
     monkeypatch.setattr(runtime, "cpu_bf16_support", lambda: (False, "mocked by the test suite"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _shared_data_cache(tmp_path_factory):
+    """The prepared-data cache the debug training runs share (tests/helpers.shared_cache);
+    an environment variable, so subprocesses (the console, sweep and DDP tests) share it too."""
+    os.environ["MT_TEST_DATA_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
+    yield
+    del os.environ["MT_TEST_DATA_CACHE"]

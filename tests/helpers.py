@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -16,15 +17,22 @@ from transformer.trainer import Trainer
 DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_threads=1"]
 
 
+def shared_cache() -> Path:
+    """One prepared-data cache for the whole test session (conftest.py sets it): entries are
+    keyed by the corpus files and every setting that shapes them, so tests that prepare
+    the same data reuse it and tests that prepare other data do not see it."""
+    return Path(os.environ["MT_TEST_DATA_CACHE"])
+
+
 def compose_cfg(*overrides: str, config: str = "train") -> DictConfig:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config, overrides=list(overrides))
 
 
 def run(run_dir: Path, *overrides: str) -> Trainer:
-    """A debug training run into run_dir (prepared data cached beside it)."""
-    cfg = compose_cfg(*DEBUG, f"trainer.run_dir={run_dir}",
-                      f"data.cache_dir={run_dir.parent / 'cache'}", *overrides)
+    """A debug training run into run_dir (prepared data from the session's shared cache)."""
+    cfg = compose_cfg(*DEBUG, f"trainer.run_dir={run_dir}", f"data.cache_dir={shared_cache()}",
+                      *overrides)
     return train(to_dataclass(TrainConfig, cfg), OmegaConf.to_yaml(cfg))
 
 

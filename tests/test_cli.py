@@ -20,7 +20,7 @@ from transformer.decoding import translate_lines
 from transformer.model import build_model
 from transformer.tokenizer import VocabularyError, train_tokenizer
 
-from helpers import DEBUG
+from helpers import DEBUG, shared_cache
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
@@ -95,7 +95,7 @@ def test_training_commands_print_no_traceback(prog, tmp_path):
 
 def test_mt_train_refuses_a_vocabulary_smaller_than_the_corpus_alphabet(tmp_path, monkeypatch):
     line = call(train.main, "mt-train", monkeypatch, *DEBUG, "data.vocab_size=40",
-                f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}")
+                f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}")
     assert line.startswith("mt-train: error: data.vocab_size=40 is too small: the corpus has ")
     assert "characters" in line and "raise data.vocab_size" in line
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -14,7 +14,7 @@ from transformer import checkpoint as ckpt
 from transformer.config import PROJECT_ROOT
 from transformer.rundir import RunDirError, open_run_dir
 
-from helpers import DEBUG, run, scalars
+from helpers import DEBUG, run, scalars, shared_cache
 
 
 def snapshot(run_dir: Path) -> dict[str, bytes]:
@@ -153,7 +153,7 @@ def test_each_job_of_a_sweep_gets_its_own_run_directory(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "transformer.train", "-m", *DEBUG, "trainer.max_steps=4",
            "trainer.val_every=4", "optim.lr=1e-3,5e-3", f"trainer.run_dir={sweep}",
-           f"data.cache_dir={tmp_path / 'cache'}"]
+           f"data.cache_dir={shared_cache()}"]
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -173,7 +173,7 @@ def test_each_job_of_a_sweep_gets_its_own_run_directory(tmp_path):
 
 def test_hydra_run_dir_is_honoured(tmp_path):
     cmd = [sys.executable, "-m", "transformer.train", *DEBUG, "trainer.max_steps=2",
-           f"hydra.run.dir={tmp_path / 'elsewhere'}", f"data.cache_dir={tmp_path / 'cache'}"]
+           f"hydra.run.dir={tmp_path / 'elsewhere'}", f"data.cache_dir={shared_cache()}"]
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

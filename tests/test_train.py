@@ -22,7 +22,7 @@ from transformer.rundir import RunDirError
 from transformer.trainer import Trainer
 from transformer.validation import DevResult, bleu_sample
 
-from helpers import DEBUG, compose_cfg, run, scalars
+from helpers import DEBUG, compose_cfg, run, scalars, shared_cache
 
 CONFIGS = PROJECT_ROOT / "configs"
 
@@ -51,7 +51,7 @@ def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path)
 def test_console_command_runs(tmp_path):
     """The real `python -m transformer.train` entry point, as a user types it."""
     cmd = [sys.executable, "-m", "transformer.train", *DEBUG, "trainer.max_steps=3",
-           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
+           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "checkpoints" / "step_3" / "model.safetensors").is_file()
@@ -242,7 +242,7 @@ def test_two_process_gloo_ddp_ends_with_identical_parameters(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(PROJECT_ROOT / "tests" / "ddp_worker.py"), str(tmp_path), *DEBUG, "trainer.max_steps=6",
-           "trainer.val_every=6", f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
+           "trainer.val_every=6", f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0, rank1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
