@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -225,7 +225,8 @@ def test_beam_equals_ours_where_the_search_ends_before_the_limit(pair, tokenizer
     """Beam 5, all 5 hypotheses: the same tokens and scores (GNMT's penalty applied to
     CTranslate2's sums) wherever our search finished 5 hypotheses before the limit.
     Where it reached the limit, every CTranslate2 hypothesis is still scored as ours:
-    teacher-forced log-probabilities of its tokens and EOS, divided by GNMT's penalty."""
+    teacher-forced log-probabilities of its tokens and EOS, divided by GNMT's penalty.
+    And asking for the best alone gives the head of the 5-best list."""
     model, ct2 = pair
     cfg = DecodeConfig(method="beam", beam_size=5, nbest=5, lenpen=lenpen, min_len=0)
     src = decoding.encode_sources(tokenizer, lines, model.cfg.max_len)
@@ -234,6 +235,9 @@ def test_beam_equals_ours_where_the_search_ends_before_the_limit(pair, tokenizer
         src_ids = pad([ids], model.cfg.pad_id)
         limit = max_lengths(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len).item()
         ours, theirs = search(model, src_ids, cfg)[0], ct2.search(src_ids, cfg)[0]
+        head = ct2.search(src_ids, replace(cfg, nbest=1))[0]  # limit hypotheses pruned unscored
+        assert head[0].tokens == theirs[0].tokens
+        assert head[0].score == pytest.approx(theirs[0].score, abs=1e-5)
         if not reached_limit(ours, limit):
             natural += 1
             assert [h.tokens for h in theirs] == [h.tokens for h in ours]

@@ -56,6 +56,7 @@ Greedy search is the same in tokens and scores (min_len's renormalisation aside)
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -176,19 +177,31 @@ class CT2Model:
         # (tokens, sum of log-probabilities): CTranslate2 divided the sums by |y| ** lp
         hyps = [[([self.piece_ids[p] for p in h], s * len(h) ** lp)
                  for h, s in zip(r.hypotheses, r.scores, strict=True)] for r in found]
-        # Close the hypotheses that reached the limit with a scored EOS, as search.py does.
-        # An empty one (min_len=0) has no length to multiply back: take its EOS score too.
-        todo = [(i, j) for i, hs in enumerate(hyps) for j, (h, _) in enumerate(hs)
-                if len(h) == limit or not h]
+        nbest = cfg.nbest if cfg.method == "beam" else 1
+
+        def normalised(tokens: list[int], total: float) -> float:
+            return total / length_penalty(len(tokens) + 1, cfg.lenpen)
+
+        # Close the hypotheses that reached the limit with the EOS search.py would force
+        # there, and its log-probability (score_batch). EOS can only lower a score, so
+        # those that could not rank among the nbest anyway are dropped unscored. An empty
+        # hypothesis (min_len=0) had its sum divided by 0 ** lp: it is scored again too.
+        todo = []
+        for i, hs in enumerate(hyps):
+            ended = sorted((normalised(t, s) for t, s in hs if 0 < len(t) < limit), reverse=True)
+            bar = ended[nbest - 1] if len(ended) >= nbest else -math.inf
+            todo += [(i, j) for j, (t, s) in enumerate(hs)
+                     if not t or (len(t) == limit and normalised(t, s) >= bar)]
         if todo:
             scored = self.score([src[i] for i, _ in todo], [hyps[i][j][0] for i, j in todo])
             for (i, j), log_probs in zip(todo, scored, strict=True):
                 tokens, total = hyps[i][j]
-                hyps[i][j] = (tokens, total + log_probs[-1] if tokens else log_probs[-1])
-        nbest = cfg.nbest if cfg.method == "beam" else 1
+                hyps[i][j] = (tokens, (total if tokens else 0.0) + log_probs[-1])
+        closed = set(todo)
         ranked = []
-        for hs in hyps:
-            scored_hyps = [Hypothesis(t, s / length_penalty(len(t) + 1, cfg.lenpen)) for t, s in hs]
-            scored_hyps.sort(key=lambda h: h.score, reverse=True)
-            ranked.append(scored_hyps[:nbest])
+        for i, hs in enumerate(hyps):
+            kept = [Hypothesis(t, normalised(t, s)) for j, (t, s) in enumerate(hs)
+                    if (i, j) in closed or 0 < len(t) < limit]  # or ended with EOS
+            kept.sort(key=lambda h: h.score, reverse=True)
+            ranked.append(kept[:nbest])
         return ranked
