@@ -19,7 +19,8 @@ How a DecodeConfig becomes `Translator.translate_batch` arguments:
   sentences of a batch are grouped by their limit L, one call per group. Both write at
   most L tokens. A hypothesis that reaches L without EOS is closed by search.py with a
   forced EOS whose log-probability counts in its score; CTranslate2 stops it without one,
-  so we add that log-probability (`score_batch` on those hypotheses only).
+  so we add that log-probability (`score_batch`, on those of them that can still rank
+  among the n-best).
 - decode.min_len -> min_decoding_length (EOS forbidden before min_len tokens).
 - decode.lenpen: CTranslate2 divides by |y| ** alpha (|y| without EOS), search.py by
   GNMT's ((5 + |y|) / 6) ** alpha (|y| with EOS). Neither search looks at the penalty
@@ -50,6 +51,8 @@ What is not the same (tests/test_export.py checks the rest):
 - When more than K hypotheses have finished by the step at which the K-th finishes,
   CTranslate2 keeps the K best, search.py the first K (earlier steps first): the
   n-best lists can differ there, and the best too where search.py dropped a better one.
+- A generated <pad>: our decoder takes it for padding (masked), CTranslate2 for a token.
+  A trained model never writes it (it is never a target); a random one can.
 Greedy search is the same in tokens and scores (min_len's renormalisation aside).
 """
 
