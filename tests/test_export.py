@@ -371,6 +371,16 @@ def test_export_is_self_contained(tokenizer, lines, tmp_path):
     assert decoding.translate_lines(loaded, tok, lines[:3], DecodeConfig(method="greedy"))
 
 
+def test_a_tokenizer_that_is_not_the_exports_is_refused(pair, tmp_path):
+    _, ct2 = pair
+    other = train_tokenizer(read_lines(SAMPLE / "train.en"), vocab_size=300)
+    for f in ct2.path.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "tokenizer.model").write_bytes(other.proto)
+    with pytest.raises(ConfigError, match="the tokenizer does not belong to it"):
+        decoding.load_for_inference(str(tmp_path), "cpu")
+
+
 def test_decode_precision_other_than_auto_is_refused(pair, tokenizer):
     _, ct2 = pair
     with pytest.raises(ConfigError, match=r"decode\.precision=bf16: an exported model"):
@@ -382,6 +392,15 @@ def test_export_config_names_its_keys():
         to_dataclass(ExportConfig, {"checkpoint": "a", "output": "b", "quantization": "int4"})
     with pytest.raises(ConfigError, match="output=None: required"):
         to_dataclass(ExportConfig, {"checkpoint": "a"})
+
+
+def test_without_ctranslate2_the_commands_say_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails
+    with pytest.raises(ConfigError, match=r"mt-export needs ctranslate2.*pip install -e \"\.\[ct2\]\""):
+        export(ExportConfig(checkpoint="ckpt", output=str(tmp_path / "out")))
+    (tmp_path / "export.json").write_text("{}")
+    with pytest.raises(ConfigError, match="an exported model needs ctranslate2"):
+        decoding.load_for_inference(str(tmp_path), "cpu")
 
 
 def run_cli(monkeypatch, main, *argv: str) -> None:

@@ -64,8 +64,10 @@ from pathlib import Path
 
 import torch
 
+from transformer.checkpoint import TOKENIZER
 from transformer.config import ConfigError, DecodeConfig, ModelConfig
 from transformer.search import Hypothesis, length_penalty, max_lengths
+from transformer.tokenizer import Tokenizer
 
 EXPORT_INFO = "export.json"  # what mt-export adds beside CTranslate2's files
 CT2_FILES = ("model.bin", "config.json", "shared_vocabulary.json")
@@ -111,6 +113,18 @@ def resolve_device(pref: str) -> torch.device:
     if device.type == "cuda" and (device.index or 0) >= gpus:
         raise ConfigError(f"device={pref}: this ctranslate2 sees {gpus} CUDA device(s)")
     return device
+
+
+def load_export(path: str | Path, device_pref: str = "auto", threads: int | None = None):
+    """(CT2Model, tokenizer, device) from an export directory, as
+    `decoding.load_for_inference` gives them for a checkpoint."""
+    device = resolve_device(device_pref)
+    model = CT2Model(path, device, threads)
+    tokenizer = Tokenizer.load(Path(path) / TOKENIZER)
+    if [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)] != model.pieces:
+        raise ConfigError(f"{Path(path) / TOKENIZER} does not hold the pieces of the export's "
+                          "vocabulary: the tokenizer does not belong to it")
+    return model, tokenizer, device
 
 
 class CT2Model:

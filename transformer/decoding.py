@@ -20,17 +20,15 @@ import contextlib
 import dataclasses
 import logging
 import sys
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from transformer.batching import length_batches, pad
-from transformer.checkpoint import TOKENIZER, CheckpointError, load_model
+from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.corpus import normalize
-from transformer.ct2 import CT2Model, is_export
-from transformer.ct2 import resolve_device as ct2_device
+from transformer.ct2 import CT2Model, is_export, load_export
 from transformer.runtime import (
     autocast,
     keep_large_blocks_in_the_heap,
@@ -179,14 +177,7 @@ def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | 
     if not checkpoint:
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
     if is_export(checkpoint):
-        device = ct2_device(device_pref)
-        model = CT2Model(checkpoint, device, threads)
-        tokenizer = Tokenizer.load(Path(checkpoint) / TOKENIZER)
-        pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-        if pieces != model.pieces:
-            raise CheckpointError(f"{checkpoint}/{TOKENIZER} does not hold the pieces of the "
-                                  "export's vocabulary: the tokenizer does not belong to it")
-        return model, tokenizer, device
+        return load_export(checkpoint, device_pref, threads)
     device = resolve_device(device_pref)
     if device.type == "cpu":
         keep_large_blocks_in_the_heap()
