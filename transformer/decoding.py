@@ -9,10 +9,14 @@ The library behind `mt-translate`, `mt-evaluate` and the trainer's dev BLEU:
 `decode_settings` fills in the device-dependent defaults of a DecodeConfig (precision,
 batch size) and checks the settings against the model, so that what runs is what a
 report says ran.
+
+`load_for_inference` also opens a CTranslate2 export (mt-export, `transformer/ct2.py`):
+a `CT2Model`, which `translate_nbest` asks for its own search instead of `search.search`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -24,6 +28,7 @@ from transformer.batching import length_batches, pad
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.corpus import normalize
+from transformer.ct2 import CT2Model, is_export, load_export
 from transformer.runtime import (
     autocast,
     keep_large_blocks_in_the_heap,
@@ -40,15 +45,23 @@ log = logging.getLogger(__name__)
 CPU_MAX_TOKENS, CUDA_MAX_TOKENS = 2000, 8000
 
 
-def decode_settings(cfg: DecodeConfig, device: torch.device) -> DecodeConfig:
+def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> DecodeConfig:
     """`cfg` with its device-dependent defaults filled in.
 
     precision auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16,
     else fp32 (`runtime.resolve_precision`); max_tokens null: 8000 source tokens per batch
-    on CUDA, 2000 on a CPU.
+    on CUDA, 2000 on a CPU. An exported `model` computes in the type it was exported with:
+    its precision stays auto, and any other is refused.
     """
     cfg.validate()
-    precision, _ = resolve_precision(cfg.precision, device, key="decode.precision")
+    if isinstance(model, CT2Model):
+        if cfg.precision != "auto":
+            raise ConfigError(f"decode.precision={cfg.precision}: an exported model computes "
+                              f"in the type it was exported with ({model.quantization}); "
+                              "leave decode.precision=auto")
+        precision = "auto"
+    else:
+        precision, _ = resolve_precision(cfg.precision, device, key="decode.precision")
     max_tokens = cfg.max_tokens
     if max_tokens is None:
         max_tokens = CUDA_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS
@@ -96,30 +109,45 @@ def translate_nbest(
 ) -> list[list[tuple[str, float]]]:
     """The n-best (text, score) list of every line, in input order.
 
-    Empty lines are not decoded: they give [("", 0.0)]. The model is put in eval mode
-    for the call and restored afterwards.
+    Empty lines are not decoded: they give [("", 0.0)]. Our model is put in eval mode
+    for the call and restored afterwards; an exported model (`ct2.CT2Model`) runs its
+    own search on the same batches.
     """
     model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    cfg = decode_settings(cfg, device)
+    exported = isinstance(model, CT2Model)
+    if device is None:
+        device = model.device if exported else next(model.parameters()).device
+    device = torch.device(device)
+    cfg = decode_settings(cfg, device, model)
     src = encode_sources(tokenizer, lines, model.cfg.max_len)
     check_length_limits(cfg, src, model.cfg.max_len)
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
     todo = [i for i, ids in enumerate(src) if ids]
-    was_training = model.training
-    model.eval()
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
-    with torch.inference_mode(), autocast(cfg.precision, device):
+    mode = contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device)
+    with mode:
         for batch in length_batches([len(src[i]) for i in todo], cfg.max_tokens):
             index = [todo[j] for j in batch]
             src_ids = pad([src[i] for i in index], tokenizer.pad_id).to(device)
-            for i, hyps in zip(index, search(model, src_ids, cfg), strict=True):
+            found = model.search(src_ids, cfg) if exported else search(model, src_ids, cfg)
+            for i, hyps in zip(index, found, strict=True):
                 texts = tokenizer.decode([h.tokens for h in hyps])
                 results[i] = [(t, h.score) for t, h in zip(texts, hyps, strict=True)]
             bar.update(len(index))
     bar.close()
-    model.train(was_training)
     return results
+
+
+@contextlib.contextmanager
+def _inference_mode(model: torch.nn.Module, precision: str, device: torch.device):
+    """Eval mode, no autograd, autocast to `precision`; the model's mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), autocast(precision, device):
+            yield
+    finally:
+        model.train(was_training)
 
 
 def translate_lines(
@@ -140,12 +168,20 @@ def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
             for i, hyps in enumerate(nbest) for text, score in hyps]
 
 
-def load_for_inference(checkpoint: str | None, device_pref: str):
-    """(model, tokenizer, device) from a checkpoint directory."""
+def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None):
+    """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
+
+    threads: CPU threads (torch's for a checkpoint, CTranslate2's intra_threads for an
+    export); None: torch's default, and 2 for an export.
+    """
     if not checkpoint:
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
+    if is_export(checkpoint):
+        return load_export(checkpoint, device_pref, threads)
     device = resolve_device(device_pref)
     if device.type == "cpu":
         keep_large_blocks_in_the_heap()
+        if threads is not None:
+            torch.set_num_threads(threads)
     model, tokenizer = load_model(checkpoint, device)
     return model, tokenizer, device

@@ -5,10 +5,11 @@
     mt-evaluate checkpoint=CKPT test_set=dev data=tatoeba
     mt-evaluate checkpoint=CKPT test_set=test data=iwslt2017          # the hub test split
     mt-evaluate checkpoint=CKPT test_set=path/to/src.it,path/to/ref.en
+    mt-evaluate checkpoint=EXPORT_DIR test_set=tatoeba-test       # a CTranslate2 export (mt-export)
 
 Writes `{output_dir}/{name}.{method}.hyp` (one line per test sentence), the references
 it scored against (`.ref`) and a JSON report (`.json`: scores, sacrebleu signatures,
-checkpoint, decode settings, time, sentences/s). The scores are sacrebleu's defaults, so
+checkpoint, decode settings, engine, time, sentences/s). The scores are sacrebleu's defaults, so
 `sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU.
 """
 
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import hydra
+import torch
 from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU, CHRF, TER
 
@@ -35,11 +37,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvaluateConfig:
-    checkpoint: str | None = None  # a checkpoint directory (required)
+    checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
     test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | dev | test | src,ref
     output_dir: str = "outputs/eval"  # relative to the current directory
     max_sentences: int | None = None  # score only the first N sentences (quick checks)
     device: str = "auto"
+    threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
     progress: bool = True
     data: DataConfig = field(default_factory=DataConfig)  # where the test sets live
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -50,6 +53,7 @@ class EvaluateConfig:
         _require(bool(self.test_set), "test_set", self.test_set, "name a test set")
         _positive("max_sentences", self.max_sentences, optional=True)
         _check_device("device", self.device)
+        _positive("threads", self.threads, optional=True)
         self.data.validate("data")
         self.decode.validate("decode")
 
@@ -77,9 +81,9 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         src, refs = src[: cfg.max_sentences], refs[: cfg.max_sentences]
     if not src:
         raise DataError(f"test set {cfg.test_set!r} has no sentence pairs to score")
-    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device)
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     start = time.perf_counter()
-    decode = decode_settings(cfg.decode, device)  # device defaults filled in: what runs is what the report says
+    decode = decode_settings(cfg.decode, device, model)  # device defaults filled in: what runs is what the report says
     hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress)
     seconds = time.perf_counter() - start
     report = {
@@ -89,6 +93,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
         "decode": asdict(decode),
         "device": str(device),
+        "engine": getattr(model, "engine", f"pytorch {torch.__version__}"),
         "seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
     }

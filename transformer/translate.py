@@ -3,6 +3,7 @@
     echo "Ciao, come stai?" | mt-translate checkpoint=runs/tatoeba_cpu/checkpoints/best
     mt-translate checkpoint=CKPT input.file=news.it output=news.en decode=greedy
     mt-translate checkpoint=CKPT input.text="Che ore sono?" decode.nbest=3
+    mt-translate checkpoint=EXPORT_DIR input.file=news.it       # a CTranslate2 export (mt-export)
 
 One output line per input line, in input order; an empty input line gives an empty
 output line. With decode.nbest > 1 each input gives nbest lines `i ||| hyp ||| score`
@@ -20,7 +21,7 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer import cli
-from transformer.config import ConfigError, DecodeConfig, _check_device, _require
+from transformer.config import ConfigError, DecodeConfig, _check_device, _positive, _require
 from transformer.corpus import decode_lines, read_lines
 from transformer.decoding import format_nbest, load_for_inference, translate_nbest
 
@@ -33,10 +34,11 @@ class InputConfig:
 
 @dataclass
 class TranslateConfig:
-    checkpoint: str | None = None  # a checkpoint directory (required)
+    checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
     input: InputConfig = field(default_factory=InputConfig)
     output: str | None = None  # write this file; null: stdout
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
     progress: bool = True  # tqdm bar on stderr when translating a file
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
@@ -46,6 +48,7 @@ class TranslateConfig:
         _require(self.input.file is None or self.input.text is None, "input.text", self.input.text,
                  "give input.file or input.text, not both")
         _check_device("device", self.device)
+        _positive("threads", self.threads, optional=True)
         self.decode.validate("decode")
 
 
@@ -80,7 +83,7 @@ def translate(cfg: TranslateConfig) -> None:
     lines = read_input(cfg.input)  # before loading the model: a bad input costs nothing
     if cfg.output is None and sys.stdout is None:
         raise ConfigError("stdout is closed: add output=FILE")
-    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device)
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     progress = cfg.progress and cfg.input.file is not None
     nbest = translate_nbest(model, tokenizer, lines, cfg.decode, device, progress)
     if cfg.decode.nbest > 1:
