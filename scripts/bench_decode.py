@@ -181,7 +181,7 @@ def main() -> None:
     keep_large_blocks_in_the_heap()  # as mt-translate does on CPU (transformer/runtime.py)
     model, tokenizer = load_or_build(args)
     lines = read_lines(project_path(args.source))[: args.sentences]
-    src = encode_sources(tokenizer, lines, model.cfg.max_len)
+    src = encode_sources(tokenizer, lines, model.cfg.max_positions)
     # Shortest first: the warm-up below then uses a short batch.
     regimes = {f"batches of <= {max_tokens} source tokens": (
         [pad([src[i] for i in b], tokenizer.pad_id)

@@ -45,7 +45,7 @@ class TorchTransformerMT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        self.register_buffer("positions", sinusoid_table(cfg.max_len, cfg.d_model))
+        self.register_buffer("sinusoids", sinusoid_table(cfg.max_positions, cfg.d_model))
         self.transformer = nn.Transformer(
             cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
             cfg.dropout, batch_first=True, norm_first=cfg.pre_norm)
@@ -54,7 +54,7 @@ class TorchTransformerMT(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.embed(ids) * self.cfg.d_model**0.5 + self.positions[: ids.size(1)])
+        return self.dropout(self.embed(ids) * self.cfg.d_model**0.5 + self.sinusoids[: ids.size(1)])
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         src_pad, tgt_pad = src_ids == self.cfg.pad_id, tgt_in_ids == self.cfg.pad_id

@@ -33,7 +33,7 @@ def checkpoint(tmp_path_factory) -> Path:
                                 vocab_size=300)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=1, n_decoder_layers=1, max_len=24)
+                      n_encoder_layers=1, n_decoder_layers=1, max_positions=24)
     return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", build_model(cfg), tokenizer, "", {})
 
 
@@ -57,8 +57,8 @@ MISTAKES = [
      "Available options in 'model': base big small tiny"),
     (train, "mt-train", ["trainer.precision=fp8"],
      "mt-train: error: trainer.precision='fp8': choose one of auto, fp32, bf16, fp16"),
-    (prepare, "mt-prepare", ["data.vocab_size=abc"],
-     "mt-prepare: error: data.vocab_size: Value 'abc' of type 'str' could not be converted to Integer"),
+    (prepare, "mt-prepare", ["data.spm_vocab_size=abc"],
+     "mt-prepare: error: data.spm_vocab_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (prepare, "mt-prepare", ["data.max_len=0"], "mt-prepare: error: data.max_len=0: must be >= 1"),
     (translate, "mt-translate", ["checkpoint=x", "decode=greedy", "decode.nbest=3"],
      "mt-translate: error: decode.nbest=3: greedy search gives one hypothesis: use decode=beam "
@@ -94,20 +94,20 @@ def test_training_commands_print_no_traceback(prog, tmp_path):
 
 
 def test_mt_train_refuses_a_vocabulary_smaller_than_the_corpus_alphabet(tmp_path, monkeypatch):
-    line = call(train.main, "mt-train", monkeypatch, *DEBUG, "data.vocab_size=40",
+    line = call(train.main, "mt-train", monkeypatch, *DEBUG, "data.spm_vocab_size=40",
                 f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}")
-    assert line.startswith("mt-train: error: data.vocab_size=40 is too small: the corpus has ")
-    assert "characters" in line and "raise data.vocab_size" in line
+    assert line.startswith("mt-train: error: data.spm_vocab_size=40 is too small: the corpus has ")
+    assert "characters" in line and "raise data.spm_vocab_size" in line
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_a_too_large_vocabulary_is_named_too(tmp_path):
-    with pytest.raises(VocabularyError, match=r"data.vocab_size=50000 is too large for this corpus"):
-        prepare_data(DataConfig(name="sample", vocab_size=50000, cache_dir=str(tmp_path)))
+    with pytest.raises(VocabularyError, match=r"data.spm_vocab_size=50000 is too large for this corpus"):
+        prepare_data(DataConfig(name="sample", spm_vocab_size=50000, cache_dir=str(tmp_path)))
 
 
 def test_a_corrupt_cached_tokenizer_names_the_file_and_how_to_rebuild(tmp_path):
-    cfg = DataConfig(name="sample", vocab_size=200, cache_dir=str(tmp_path), num_proc=1)
+    cfg = DataConfig(name="sample", spm_vocab_size=200, cache_dir=str(tmp_path), num_proc=1)
     prepared = prepare_data(cfg)
     spm = next(tmp_path.glob("spm-*.model"))
     spm.write_bytes(b"\x00 not a sentencepiece model")

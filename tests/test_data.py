@@ -51,7 +51,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 
 def make_cfg(tmp_path: Path, **overrides) -> DataConfig:
-    settings = {"cache_dir": str(tmp_path / "cache"), "vocab_size": 120, "num_proc": 1}
+    settings = {"cache_dir": str(tmp_path / "cache"), "spm_vocab_size": 120, "num_proc": 1}
     return DataConfig(**{**settings, **overrides})
 
 
@@ -555,7 +555,7 @@ def test_prepare_command_prints_statistics(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_full_tatoeba_prepare(tmp_path) -> None:
-    cfg = make_cfg(tmp_path, name="tatoeba", vocab_size=8000, num_proc=2, max_tokens=4096)
+    cfg = make_cfg(tmp_path, name="tatoeba", spm_vocab_size=8000, num_proc=2, max_tokens=4096)
     start = time.perf_counter()
     prepared = prepare_data(cfg)
     first = time.perf_counter() - start

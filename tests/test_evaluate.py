@@ -57,7 +57,7 @@ def checkpoint(tmp_path) -> Path:
                                 vocab_size=300)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=2, n_decoder_layers=2, max_len=64)
+                      n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
     return save_checkpoint(tmp_path / "ckpt", build_model(cfg), tokenizer, "", {})
 
 

@@ -84,7 +84,7 @@ def end_sentences(model: Transformer, rate: float = 0.1) -> None:
 def tiny_model(vocab_size: int, pre_norm: bool, tie: bool, seed: int = 0, max_len: int = 64,
                eos_rate: float | None = 0.1) -> Transformer:
     cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
-                      n_decoder_layers=2, max_len=max_len, pre_norm=pre_norm, tie_embeddings=tie,
+                      n_decoder_layers=2, max_positions=max_len, pre_norm=pre_norm, tie_embeddings=tie,
                       dropout=0.0, attn_dropout=0.0, ffn_dropout=0.0)
     torch.manual_seed(seed)
     model = build_model(cfg).eval()
@@ -149,12 +149,12 @@ def test_position_table_is_ours_not_ctranslate2s(tokenizer, tmp_path):
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     spec = CheckpointConverter.from_model(model, pieces)._load()
     for table in (spec.encoder.position_encodings.encodings, spec.decoder.position_encodings.encodings):
-        assert torch.equal(torch.from_numpy(table), model.positions)  # interleaved, from 0
-    assert not torch.allclose(ct2_table(64, 32), model.positions, atol=0.1)
+        assert torch.equal(torch.from_numpy(table), model.sinusoids)  # interleaved, from 0
+    assert not torch.allclose(ct2_table(64, 32), model.sinusoids, atol=0.1)
 
     class WithCT2Table(CheckpointConverter):  # what leaving the table to CTranslate2 gives
         def positions(self):
-            return ct2_table(self.cfg.max_len, self.cfg.d_model).numpy()
+            return ct2_table(self.cfg.max_positions, self.cfg.d_model).numpy()
 
     WithCT2Table.from_model(model, pieces).convert(str(tmp_path / "ct2_table"))
     info = {"model": asdict(model.cfg), "quantization": "none"}
@@ -196,7 +196,7 @@ def test_greedy_equals_ours_in_tokens_and_scores(tokenizer, lines, tmp_path, var
     ours, theirs = both(model, ct2, tokenizer, lines, cfg)
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
     assert max(abs(a[0][1] - b[0][1]) for a, b in zip(ours, theirs)) < 1e-4
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_len)
+    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
     limits = [int(1.2 * len(s) + 10) for s in src]
     at_limit = [len(tokenizer.encode([h[0][0]])[0]) >= n for h, n in zip(ours, limits)]
     assert len(set(limits)) > 5
@@ -210,7 +210,7 @@ def test_greedy_min_len_renormalises_the_first_step(pair, tokenizer, lines):
     cfg = DecodeConfig(method="greedy", min_len=1, lenpen=0.0)
     ours, theirs = both(model, ct2, tokenizer, lines, cfg)
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_len)
+    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
     p_eos = [math.exp(lp[0]) for lp in our_log_probs(model, src, [[] for _ in src])]
     for a, b, p in zip(ours, theirs, p_eos):
         assert b[0][1] - a[0][1] == pytest.approx(-math.log1p(-p), abs=1e-4)
@@ -229,7 +229,7 @@ def test_beam_equals_ours_where_the_search_ends_before_the_limit(pair, tokenizer
     And asking for the best alone gives the head of the 5-best list."""
     model, ct2 = pair
     cfg = DecodeConfig(method="beam", beam_size=5, nbest=5, lenpen=lenpen, min_len=0)
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_len)
+    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
     natural = 0
     for ids in src:
         src_ids = pad([ids], model.cfg.pad_id)
@@ -257,7 +257,7 @@ def test_beam_min_len_1_searches_alike_and_scores_the_first_step_renormalised(pa
     -log(1 - p(EOS | <s>)) (lenpen 0)."""
     model, ct2 = pair
     cfg = DecodeConfig(method="beam", beam_size=5, nbest=5, lenpen=0.0, min_len=1)
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_len)
+    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
     p_eos = [math.exp(lp[0]) for lp in our_log_probs(model, src, [[] for _ in src])]
     compared = []
     for ids, p in zip(src, p_eos):
@@ -283,7 +283,7 @@ def test_long_input_is_cut_and_decoding_stays_within_the_table(tokenizer, tmp_pa
     assert "longer than the model's limit of 16 tokens" in caplog.text
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
     assert len(tokenizer.encode([theirs[0][0][0]])[0]) <= 15  # max_len minus BOS
-    with pytest.raises(ValueError, match="exceeds model max_len=16"):
+    with pytest.raises(ValueError, match="exceeds model max_positions=16"):
         ct2.search(torch.full((1, 17), 5), cfg)
 
 

@@ -88,7 +88,7 @@ def test_all_padding_gives_zero_loss_not_nan():
     assert loss.item() == 0.0 and nll.item() == 0.0
 
 
-def test_forward_positions_give_the_same_logits_as_the_full_output():
+def test_forward_with_a_predict_mask_gives_the_same_logits_as_the_full_output():
     model = tiny_model()
     src = pad_batch([[5, 6, 7, 8], [9, 10]])
     tgt = pad_batch([[2, 11, 12], [2, 13]])
@@ -97,7 +97,7 @@ def test_forward_positions_give_the_same_logits_as_the_full_output():
     selected = model(src, tgt, real)  # (N, V)
     assert selected.shape == (int(real.sum()), full.size(-1))
     torch.testing.assert_close(selected, full[real])
-    with pytest.raises(ValueError, match="positions must be a bool tensor"):
+    with pytest.raises(ValueError, match="predict_mask must be a bool tensor"):
         model(src, tgt, real.long())
 
 

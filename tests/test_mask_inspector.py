@@ -36,7 +36,7 @@ from transformer.mask_inspector import (
     record_attention,
     torch_equivalents,
 )
-from transformer.masks import key_padding_mask
+from transformer.masks import real_key_mask
 from transformer.model import build_model
 from transformer.tokenizer import train_tokenizer
 
@@ -58,7 +58,7 @@ def checkpoint(tmp_path_factory) -> Path:
                                 vocab_size=300)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
-                      n_encoder_layers=2, n_decoder_layers=2, max_len=64)
+                      n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
     return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", build_model(cfg), tokenizer, "", {})
 
 
@@ -66,7 +66,7 @@ def checkpoint(tmp_path_factory) -> Path:
 def recorded(checkpoint):
     """(model, inspected batch, attention maps) of the two pairs on the tiny model."""
     model, tokenizer = load_model(checkpoint)
-    inspected = make_batch(tokenizer, SENTENCES, TRANSLATIONS, model.cfg.max_len)
+    inspected = make_batch(tokenizer, SENTENCES, TRANSLATIONS, model.cfg.max_positions)
     return model, inspected, record_attention(model, inspected.batch)
 
 
@@ -215,7 +215,7 @@ def test_an_empty_row_is_nan_naively_and_zeros_in_the_model(recorded):
 def test_pytorchs_masks_are_the_opposite_polarity_and_allow_the_same_keys():
     inspected = make_batch(WhitespaceTokenizer(SENTENCES + TRANSLATIONS), SENTENCES, TRANSLATIONS)
     batch, theirs = inspected.batch, torch_equivalents(inspected.batch)
-    ours = key_padding_mask(batch.src_ids, batch.pad_id)[:, 0, 0]
+    ours = real_key_mask(batch.src_ids, batch.pad_id)[:, 0, 0]
     assert torch.equal(theirs.src_key_padding_mask, ~ours)
     assert torch.equal(theirs.float_tgt_mask, nn.Transformer.generate_square_subsequent_mask(6))
     for kind, mask in model_masks(batch).items():

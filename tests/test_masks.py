@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from transformer.config import ModelConfig
-from transformer.masks import causal_mask, key_padding_mask, src_key_mask, tgt_self_mask
+from transformer.masks import causal_mask, real_key_mask, src_key_mask, tgt_self_mask
 from transformer.model import Transformer
 
 PAD = 0
@@ -87,7 +87,7 @@ def test_mask_shapes_broadcast_against_scores():
     b, h, s, t = 3, 4, 6, 8
     src = torch.randint(1, 30, (b, s))
     tgt = torch.randint(1, 30, (b, t))
-    assert key_padding_mask(src, PAD).shape == (b, 1, 1, s)
+    assert real_key_mask(src, PAD).shape == (b, 1, 1, s)
     assert src_key_mask(src, PAD).shape == (b, 1, 1, s)
     assert causal_mask(t).shape == (1, 1, t, t)
     assert tgt_self_mask(tgt, PAD).shape == (b, 1, t, t)
@@ -99,7 +99,7 @@ def test_mask_shapes_broadcast_against_scores():
 
 def test_masks_follow_each_row_of_a_batch():
     src = torch.tensor([[5, 6, 7, 0], [5, 0, 0, 0]])
-    assert key_padding_mask(src, PAD)[:, 0, 0].tolist() == [
+    assert real_key_mask(src, PAD)[:, 0, 0].tolist() == [
         [True, True, True, False],
         [True, False, False, False],
     ]
@@ -109,7 +109,7 @@ def test_the_model_puts_each_mask_on_its_attention():
     """Stored attention weights of every layer are zero exactly where the drawn mask is 0."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=32, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
-                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_len=16)
+                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_positions=16)
     model = Transformer(cfg).eval()
     attns = {"enc": [], "self": [], "cross": []}
     for layer in model.encoder_layers:

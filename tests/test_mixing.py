@@ -107,7 +107,7 @@ def shared_root(tmp_path_factory) -> Path:
 
 def mix_cfg(root: Path, cache: Path, **overrides) -> DataConfig:
     settings = dict(name="mix", corpora={"tatoeba": 1.0, "europarl": 1.0}, root=str(root),
-                    cache_dir=str(cache), vocab_size=200, num_proc=1, max_tokens=512)
+                    cache_dir=str(cache), spm_vocab_size=200, num_proc=1, max_tokens=512)
     return DataConfig(**{**settings, **overrides})
 
 
@@ -133,7 +133,7 @@ def test_a_mix_prepares_one_vocabulary_and_a_dev_set_per_corpus(shared_root, tmp
 
 
 def mix_overrides(root: Path) -> list[str]:
-    return ["data=europarl_tatoeba", f"data.root={root}", "data.vocab_size=200", "data.max_tokens=512",
+    return ["data=europarl_tatoeba", f"data.root={root}", "data.spm_vocab_size=200", "data.max_tokens=512",
             "data.num_proc=1", "data.spm_input_sentence_size=1000", "trainer.val_bleu_sentences=10"]
 
 

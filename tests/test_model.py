@@ -23,7 +23,7 @@ ATOL = 1e-5
 def tiny_model(pre_norm: bool = False, seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=V, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
-                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_len=32,
+                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_positions=32,
                       pre_norm=pre_norm, pad_id=PAD, bos_id=BOS, eos_id=EOS)
     for key, value in overrides.items():
         setattr(cfg, key, value)
@@ -221,21 +221,21 @@ def test_clear_errors_for_bad_inputs():
         model.decode(tgt, memory[:, :-1], src)
     with pytest.raises(ValueError, match="shapes disagree"):
         model.decode(tgt[:2], memory, src)
-    too_long = torch.full((1, model.cfg.max_len + 1), 4)
-    with pytest.raises(ValueError, match="max_len"):
+    too_long = torch.full((1, model.cfg.max_positions + 1), 4)
+    with pytest.raises(ValueError, match="max_positions"):
         model.encode(too_long)
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="max_positions"):
         model(src[:1], too_long)
 
 
-def test_cached_decoding_past_max_len_raises():
-    model = tiny_model(max_len=4)
+def test_cached_decoding_past_max_positions_raises():
+    model = tiny_model(max_positions=4)
     src = torch.tensor([[5, 6, EOS]])
     with torch.no_grad():
         memory = model.encode(src)
         cache = DecoderCache()
         model.decode(torch.tensor([[BOS, 5, 6, 7]]), memory, src, cache)
-        with pytest.raises(ValueError, match="max_len"):
+        with pytest.raises(ValueError, match="max_positions"):
             model.decode(torch.tensor([[8]]), memory, src, cache)
 
 
@@ -259,7 +259,7 @@ def test_untied_embeddings_are_three_parameters():
 def test_xavier_init_and_zero_biases_and_pad_embedding():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=100, d_model=128, n_heads=4, d_ff=512, n_encoder_layers=1,
-                      n_decoder_layers=1, dropout=0.0, attn_dropout=0.0, max_len=8)
+                      n_decoder_layers=1, dropout=0.0, attn_dropout=0.0, max_positions=8)
     model = Transformer(cfg)
     for w in (model.encoder_layers[0].ffn.linear1.weight,  # (512, 128)
               model.decoder_layers[0].cross_attn.q_proj.weight,  # (128, 128)
@@ -301,7 +301,7 @@ def test_a_tiny_model_learns_to_copy():
 def train_copy_task(steps: int) -> tuple[float, float]:
     """Train a 2+2-layer model on fresh copy batches; token accuracy on a fresh batch."""
     cfg = ModelConfig(vocab_size=V, d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2,
-                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_len=16)
+                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_positions=16)
     model = Transformer(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(0)

@@ -26,7 +26,7 @@ TGT = torch.tensor([[BOS, 5, 6, 7, PAD], [BOS, 10, 11, 12, 13], [BOS, 14, PAD, P
 def ours(pre_norm: bool) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=V, d_model=D, n_heads=H, d_ff=D_FF, n_encoder_layers=LAYERS,
-                      n_decoder_layers=LAYERS, dropout=0.0, attn_dropout=0.0, max_len=16,
+                      n_decoder_layers=LAYERS, dropout=0.0, attn_dropout=0.0, max_positions=16,
                       pre_norm=pre_norm, pad_id=PAD)
     model = Transformer(cfg).eval()
     with torch.no_grad():  # non-trivial biases and norms, so a swapped one would show
@@ -87,8 +87,8 @@ def test_same_outputs_as_torch_nn_transformer_on_a_padded_batch(pre_norm, use_sd
     enc, dec = reference(model)
     s, t = SRC.size(1), TGT.size(1)
     # Same input for both: embeddings * sqrt(D) + sinusoidal positions (no dropout).
-    src_x = model.src_embed(SRC) * D**0.5 + model.positions[:s]
-    tgt_x = model.tgt_embed(TGT) * D**0.5 + model.positions[:t]
+    src_x = model.src_embed(SRC) * D**0.5 + model.sinusoids[:s]
+    tgt_x = model.tgt_embed(TGT) * D**0.5 + model.sinusoids[:t]
     src_pad = additive(SRC != PAD)  # (B, S)
     tgt_pad = additive(TGT != PAD)  # (B, T)
     causal = additive(torch.ones(t, t, dtype=torch.bool).tril())  # (T, T)

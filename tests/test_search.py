@@ -32,7 +32,7 @@ class ScriptedModel:
     """
 
     def __init__(self, scripts: dict[int, dict[tuple[int, ...], dict[int, float]]]) -> None:
-        self.cfg = ModelConfig(vocab_size=7, max_len=64)
+        self.cfg = ModelConfig(vocab_size=7, max_positions=64)
         self.scripts = scripts
         self.fed_lengths: list[int] = []  # tokens fed per decode call
 
@@ -176,7 +176,7 @@ def tiny_model():
     # (checked in test_beam_size_one_equals_greedy).
     torch.manual_seed(1)
     cfg = ModelConfig(vocab_size=12, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
-                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_len=64)
+                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_positions=64)
     return build_model(cfg).eval()
 
 

@@ -290,7 +290,7 @@ def test_unknown_keys_and_wrong_types_fail_before_anything_runs():
 def test_resuming_with_a_different_vocabulary_is_a_clear_error(tmp_path):
     run(tmp_path / "run", "trainer.max_steps=2")
     with pytest.raises(RunDirError, match="tokenizer differs"):
-        run(tmp_path / "run", "trainer.max_steps=4", "trainer.resume=auto", "data.vocab_size=250")
+        run(tmp_path / "run", "trainer.max_steps=4", "trainer.resume=auto", "data.spm_vocab_size=250")
 
 
 def test_validation_bleu_sample_spans_the_whole_dev_set():

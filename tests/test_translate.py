@@ -35,7 +35,7 @@ def checkpoint(tmp_path_factory) -> Path:
     tokenizer = train_tokenizer(sentences, vocab_size=300)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=2, n_decoder_layers=2, max_len=32)
+                      n_encoder_layers=2, n_decoder_layers=2, max_positions=32)
     model = build_model(cfg)
     return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", model, tokenizer, "", {})
 

@@ -114,7 +114,7 @@ def load_model_config(path: str | Path) -> ModelConfig:
     """The ModelConfig of a checkpoint (model.json), without loading its weights."""
     f = _require(Path(path), MODEL_CFG)
     try:
-        return ModelConfig(**json.loads(f.read_text()))
+        return ModelConfig.from_dict(json.loads(f.read_text()))
     except (json.JSONDecodeError, TypeError) as e:
         raise CheckpointError(f"corrupt {f}: {e}") from e
 

@@ -55,7 +55,7 @@ class ModelConfig:
     dropout: float = 0.1  # on each sublayer's output before the residual add, and on embeddings+positions
     attn_dropout: float = 0.1  # on the attention weights
     ffn_dropout: float = 0.1  # on the FFN's inner ReLU activations (fairseq's activation_dropout)
-    max_len: int = 1024  # longest sequence the sinusoidal table covers
+    max_positions: int = 1024  # rows of the sinusoidal table: the longest sequence, BOS/EOS included
     pre_norm: bool = False  # the paper is post-norm: LayerNorm(x + Sublayer(x))
     tie_embeddings: bool = True  # the paper's three-way tying: src emb = tgt emb = output proj
     pad_id: int = 0
@@ -70,13 +70,23 @@ class ModelConfig:
                  f"must divide {prefix}.d_model={self.d_model}")
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
             _fraction(f"{prefix}.{name}", getattr(self, name))
-        _positive(f"{prefix}.max_len", self.max_len, minimum=2)
+        _positive(f"{prefix}.max_positions", self.max_positions, minimum=2)
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in ids.items():
             _require(0 <= value < self.vocab_size, f"{prefix}.{name}", value,
                      f"must be a token id below {prefix}.vocab_size={self.vocab_size}")
         _require(len(set(ids.values())) == 3, f"{prefix}.eos_id", self.eos_id,
                  "pad_id, bos_id and eos_id must be three different ids")
+
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> ModelConfig:
+        """A ModelConfig from a checkpoint's model.json, also one written before a key was
+        renamed (`max_len` is now `max_positions`)."""
+        saved = dict(saved)
+        if "max_len" in saved and "max_positions" not in saved:
+            saved["max_positions"] = saved.pop("max_len")
+        return cls(**saved)
 
 
 @dataclass
@@ -104,8 +114,8 @@ class DataConfig:
     max_len: int = 128  # tokens per side after SentencePiece; longer pairs are dropped
     max_len_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this
     max_train_pairs: int | None = None  # keep only the first N training pairs (debugging)
-    # vocabulary
-    vocab_size: int = 8000
+    # vocabulary (the model's vocab_size is then the tokenizer's size)
+    spm_vocab_size: int = 8000  # pieces of the joint SentencePiece vocabulary
     spm_model_type: str = "unigram"  # unigram | bpe
     spm_character_coverage: float = 1.0
     spm_input_sentence_size: int = 1_000_000
@@ -132,7 +142,7 @@ class DataConfig:
         _positive(f"{prefix}.max_len", self.max_len)
         _positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
         _positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
-        _positive(f"{prefix}.vocab_size", self.vocab_size, minimum=5)  # 4 special pieces + 1
+        _positive(f"{prefix}.spm_vocab_size", self.spm_vocab_size, minimum=5)  # 4 special pieces + 1
         _require(self.spm_model_type in ("unigram", "bpe"), f"{prefix}.spm_model_type",
                  self.spm_model_type, "choose unigram or bpe")
         _require(0 < self.spm_character_coverage <= 1, f"{prefix}.spm_character_coverage",
@@ -264,8 +274,9 @@ class TrainConfig:
         for group in ("model", "data", "optim", "trainer", "decode"):
             getattr(self, group).validate(group)
         # training pairs of data.max_len tokens plus BOS or EOS must fit the positional table
-        _require(self.model.max_len > self.data.max_len, "model.max_len", self.model.max_len,
-                 f"must exceed data.max_len={self.data.max_len} (a pair plus its BOS/EOS)")
+        _require(self.model.max_positions > self.data.max_len, "model.max_positions",
+                 self.model.max_positions, f"must exceed data.max_len={self.data.max_len} (a pair "
+                 "plus its BOS/EOS)")
 
 
 def _check_device(key: str, device: str) -> None:

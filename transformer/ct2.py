@@ -32,7 +32,7 @@ How a DecodeConfig becomes `Translator.translate_batch` arguments:
   num_hypotheses; search.py (fairseq's rule) goes on until K hypotheses have finished.
   1e-6 turns that exit off, leaving "K finished" as the rule, and |y| ** 1e-6 is
   multiplied back out of the scores.
-- max_input_length = the model's max_len: inputs are cut there by `encode_sources`, as
+- max_input_length = the model's max_positions: inputs are cut there by `encode_sources`, as
   for our model; CTranslate2 refuses positions past the stored table.
 - decode.precision does not apply: the weights' type is the export's quantization (the
   Translator's compute_type "default"); decode.max_tokens batches as for our model.
@@ -95,13 +95,13 @@ def load_export_info(path: str | Path) -> dict:
     f = Path(path) / EXPORT_INFO
     try:
         info = json.loads(f.read_text())
-        ModelConfig(**info["model"])
+        ModelConfig.from_dict(info["model"])
         return info
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ConfigError(f"corrupt {f}: {e}") from e
 
 
-def resolve_device(pref: str) -> torch.device:
+def export_device(pref: str) -> torch.device:
     """The device CTranslate2 runs on: auto is CUDA where this build sees a GPU."""
     ct2 = require_ctranslate2("an exported model")
     gpus = ct2.get_cuda_device_count()
@@ -118,7 +118,7 @@ def resolve_device(pref: str) -> torch.device:
 def load_export(path: str | Path, device_pref: str = "auto", threads: int | None = None):
     """(CT2Model, tokenizer, device) from an export directory, as
     `decoding.load_for_inference` gives them for a checkpoint."""
-    device = resolve_device(device_pref)
+    device = export_device(device_pref)
     model = CT2Model(path, device, threads)
     tokenizer = Tokenizer.load(Path(path) / TOKENIZER)
     if [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)] != model.pieces:
@@ -142,7 +142,7 @@ class CT2Model:
             if not (self.path / name).is_file():
                 raise ConfigError(f"export {self.path} is missing {name}")
         info = load_export_info(self.path)
-        self.cfg = ModelConfig(**info["model"])
+        self.cfg = ModelConfig.from_dict(info["model"])
         self.quantization = info["quantization"]
         self.device = torch.device(device)
         if threads is None:
@@ -166,14 +166,14 @@ class CT2Model:
         """
         found = self.translator.score_batch([self._pieces(s) for s in src],
                                             [self._pieces(t) for t in tgt],
-                                            max_input_length=self.cfg.max_len)
+                                            max_input_length=self.cfg.max_positions)
         return [list(r.log_probs) for r in found]
 
     def search(self, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
         """src_ids (B, S) -> n-best lists, as `search.search` gives them for our model."""
-        if src_ids.size(1) > self.cfg.max_len:
+        if src_ids.size(1) > self.cfg.max_positions:
             raise ValueError(f"sequence of {src_ids.size(1)} tokens exceeds model "
-                             f"max_len={self.cfg.max_len}")
+                             f"max_positions={self.cfg.max_positions}")
         limits = max_lengths(self, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len).tolist()
         src = src_ids.tolist()
         results: list[list[Hypothesis]] = [[] for _ in src]
@@ -190,7 +190,7 @@ class CT2Model:
         found = self.translator.translate_batch(
             [self._pieces(s) for s in src], beam_size=k, num_hypotheses=k, length_penalty=lp,
             max_decoding_length=limit, min_decoding_length=cfg.min_len,
-            max_input_length=self.cfg.max_len, return_scores=True)
+            max_input_length=self.cfg.max_positions, return_scores=True)
         # (tokens, sum of log-probabilities): CTranslate2 divided the sums by |y| ** lp
         hyps = [[([self.piece_ids[p] for p in h], s * len(h) ** lp)
                  for h, s in zip(r.hypotheses, r.scores, strict=True)] for r in found]

@@ -165,16 +165,16 @@ def _build(cfg: DataConfig, key: str, raw: dict[str, dict[str, Pairs]],
 def _tokenizer(cfg: DataConfig, trains: dict[str, Pairs]) -> tuple[Tokenizer, Path]:
     """The joint vocabulary: trained on the corpus's sentences, or for a mix on a sample of
     them balanced by the weights (cached under a digest of exactly that text)."""
-    spm = (cfg.vocab_size, cfg.spm_model_type, cfg.spm_character_coverage, cfg.spm_input_sentence_size)
+    spm = (cfg.spm_vocab_size, cfg.spm_model_type, cfg.spm_character_coverage, cfg.spm_input_sentence_size)
     if cfg.name != "mix":
         (train,) = trains.values()
         return load_or_train_tokenizer(iter_sides(train.src, train.tgt), corpus.digest(train),
-                                       project_path(cfg.cache_dir), *spm, setting="data.vocab_size")
+                                       project_path(cfg.cache_dir), *spm, setting="data.spm_vocab_size")
     weights = [cfg.corpora[name] for name in trains]
     sample = mix_sample(list(trains.values()), weights, cfg.spm_input_sentence_size)
     text_digest = hashlib.sha256("\n".join(sample).encode()).hexdigest()[:16]
     return load_or_train_tokenizer(sample, text_digest, project_path(cfg.cache_dir), *spm,
-                                   setting="data.vocab_size")
+                                   setting="data.spm_vocab_size")
 
 
 def _clean(raw: dict[str, Pairs], suffix: str = "") -> tuple[dict[str, Pairs], dict[str, dict[str, int]]]:
@@ -263,7 +263,7 @@ def corpus_statistics(splits: dict[str, datasets.Dataset], tokenizer: Tokenizer)
 _KEY_FIELDS = (
     "name", "corpora", "root", "src_lang", "tgt_lang", "train_src", "train_tgt", "dev_src", "dev_tgt",
     "hub_id", "hub_config", "hub_revision", "hub_local_dir", "max_len", "max_len_ratio",
-    "max_train_pairs", "vocab_size", "spm_model_type", "spm_character_coverage",
+    "max_train_pairs", "spm_vocab_size", "spm_model_type", "spm_character_coverage",
     "spm_input_sentence_size",
 )  # fmt: skip
 

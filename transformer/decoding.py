@@ -69,7 +69,8 @@ def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> Deco
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list[list[int]]:
-    """Normalise as the training data was, encode, and cut to the model's `max_len`.
+    """Normalise as the training data was, encode, and cut to `max_len` (the model's
+    max_positions)
 
     The ids are what `batching.collate` puts on the source side: no BOS, no EOS.
     """
@@ -82,16 +83,16 @@ def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list
     return [seq[:max_len] for seq in ids]
 
 
-def check_length_limits(cfg: DecodeConfig, src: list[list[int]], model_max_len: int) -> None:
+def check_length_limits(cfg: DecodeConfig, src: list[list[int]], max_positions: int) -> None:
     """Refuse a min_len the model cannot write; say when it lifts a sentence's max length.
 
-    A hypothesis holds at most model_max_len - 1 tokens (BOS takes a position); search
+    A hypothesis holds at most max_positions - 1 tokens (BOS takes a position); search
     raises the limit a * |x| + b of a sentence to min_len where that is below it.
     """
-    longest = model_max_len - 1
+    longest = max_positions - 1
     if cfg.min_len > longest:
         raise ConfigError(f"decode.min_len={cfg.min_len}: this model writes at most {longest} "
-                          f"tokens (its max_len={model_max_len}, one position for BOS)")
+                          f"tokens (its max_positions={max_positions}, one position for BOS)")
     lifted = sum(1 for ids in src if ids and int(cfg.max_len_a * len(ids) + cfg.max_len_b) < cfg.min_len)
     if lifted:
         log.warning("decode.min_len=%d is above the length limit a * |x| + b (a=%s, b=%d) of %d "
@@ -119,8 +120,8 @@ def translate_nbest(
         device = model.device if exported else next(model.parameters()).device
     device = torch.device(device)
     cfg = decode_settings(cfg, device, model)
-    src = encode_sources(tokenizer, lines, model.cfg.max_len)
-    check_length_limits(cfg, src, model.cfg.max_len)
+    src = encode_sources(tokenizer, lines, model.cfg.max_positions)
+    check_length_limits(cfg, src, model.cfg.max_positions)
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
     todo = [i for i, ids in enumerate(src) if ids]
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)

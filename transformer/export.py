@@ -8,10 +8,10 @@ OpenNMT and Marian models, not ours, so `CheckpointConverter` subclasses its `Co
 it builds a `TransformerSpec` from our ModelConfig and fills it from the state dict.
 What it respects, each checked by tests/test_export.py:
 - Positions: our sinusoidal table (`layers.sinusoid_table`: sin on even, cos on odd dims,
-  from position 0) is stored in the spec, `max_len` rows. CTranslate2's own table puts
+  from position 0) is stored in the spec, `max_positions` rows. CTranslate2's own table puts
   the sines in the first half and the cosines in the second, counts from position 1 and
   steps its frequencies by log(1e4) / (D/2 - 1): another function. It refuses positions
-  past the stored rows, so inputs are cut to max_len (`decoding.encode_sources`) and
+  past the stored rows, so inputs are cut to max_positions (`decoding.encode_sources`) and
   decoding lengths capped below it (`search.max_lengths`), as with our model.
 - Post-norm or pre-norm (the spec's pre_norm; pre-norm adds the final encoder and
   decoder LayerNorms), tied or untied embeddings (all three matrices are written;
@@ -143,8 +143,8 @@ class CheckpointConverter(Converter):
         return cls(model.cfg, model.state_dict(), pieces, eps.pop())
 
     def positions(self) -> np.ndarray:
-        """The (max_len, D) table added to the embeddings: ours, interleaved, from 0."""
-        return sinusoid_table(self.cfg.max_len, self.cfg.d_model).numpy()
+        """The (max_positions, D) table added to the embeddings: ours, interleaved, from 0."""
+        return sinusoid_table(self.cfg.max_positions, self.cfg.d_model).numpy()
 
     def _load(self):
         """Build and fill the spec (CTranslate2's `Converter.convert` calls this)."""

@@ -57,6 +57,11 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention over the source, then the FFN; each a Residual (section 3.1).
+
+    Its mask closes the source's pad keys (`masks.src_key_mask`).
+    """
+
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float,
                  attn_dropout: float, ffn_dropout: float, pre_norm: bool) -> None:
         super().__init__()
@@ -85,6 +90,11 @@ class LayerCache:
 
 
 class DecoderLayer(nn.Module):
+    """Causal self-attention over the target, cross-attention to the encoder's memory, then
+    the FFN; each a Residual (section 3.1). With a LayerCache it decodes incrementally:
+    self-attention keys/values grow by the new positions, cross-attention's are projected
+    from the memory once."""
+
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float,
                  attn_dropout: float, ffn_dropout: float, pre_norm: bool) -> None:
         super().__init__()

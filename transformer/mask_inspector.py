@@ -90,14 +90,14 @@ class InspectedBatch:
 
 
 def make_batch(
-    tokenizer, sentences: list[str], translations: list[str], max_len: int | None = None
+    tokenizer, sentences: list[str], translations: list[str], max_positions: int | None = None
 ) -> InspectedBatch:
     """Encode the pairs as the data pipeline does and collate them into one padded batch.
 
-    max_len: the model's positional limit; sources are cut to it, targets to max_len - 1
+    max_positions: the model's positional limit; sources are cut to it, targets to max_positions - 1
     (BOS takes a position). Raises ValueError for a sentence without tokens.
     """
-    limit = sys.maxsize if max_len is None else max_len
+    limit = sys.maxsize if max_positions is None else max_positions
     src = encode_sources(tokenizer, sentences, limit)
     tgt = encode_sources(tokenizer, translations, limit - 1)
     for i, ids in enumerate(src):

@@ -19,14 +19,18 @@ from __future__ import annotations
 import torch
 
 
-def key_padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """(B, L) ids -> (B, 1, 1, L) bool: True where the key is a real token."""
+def real_key_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, L) ids -> (B, 1, 1, L) bool: True where the key is a real token.
+
+    The opposite of PyTorch's `key_padding_mask` (nn.MultiheadAttention, nn.Transformer),
+    whose True means "padding, ignore": hence another name.
+    """
     return (ids != pad_id)[:, None, None, :]
 
 
 def src_key_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Mask for encoder self-attention and for cross-attention: (B, 1, 1, S)."""
-    return key_padding_mask(src_ids, pad_id)
+    return real_key_mask(src_ids, pad_id)
 
 
 def causal_mask(t: int, device: torch.device | None = None, n_queries: int | None = None) -> torch.Tensor:
@@ -48,4 +52,4 @@ def tgt_self_mask(tgt_ids: torch.Tensor, pad_id: int, n_queries: int | None = No
     positions (default all T), the new ones in incremental decoding.
     """
     t = tgt_ids.size(1)
-    return causal_mask(t, tgt_ids.device, n_queries) & key_padding_mask(tgt_ids, pad_id)
+    return causal_mask(t, tgt_ids.device, n_queries) & real_key_mask(tgt_ids, pad_id)

@@ -43,7 +43,7 @@ from transformer.mask_inspector import (
     record_attention,
     torch_equivalents,
 )
-from transformer.masks import key_padding_mask
+from transformer.masks import real_key_mask
 from transformer.plots import plot_attention_grid, plot_masks
 
 TOKENIZERS = ("auto", "whitespace", "data")
@@ -159,15 +159,15 @@ def format_torch(inspected: InspectedBatch) -> list[str]:
              "whose True means IGNORE (ours, like F.scaled_dot_product_attention's: True = may attend).",
              "Give both masks of a call one type: a bool key padding mask with a float attn_mask is",
              "deprecated."]
-    ours_src = key_padding_mask(batch.src_ids, batch.pad_id)[:, 0, 0]
-    ours_tgt = key_padding_mask(batch.tgt_in_ids, batch.pad_id)[:, 0, 0]
+    ours_src = real_key_mask(batch.src_ids, batch.pad_id)[:, 0, 0]
+    ours_tgt = real_key_mask(batch.tgt_in_ids, batch.pad_id)[:, 0, 0]
     for b in range(len(inspected.sentences)):
         lines += ["", f"sentence {b}"]
         lines += table("", inspected.pieces("src_ids", b), [
-            ("ours: key_padding_mask(src_ids)", ones_and_zeros(ours_src[b])),
+            ("ours: real_key_mask(src_ids)", ones_and_zeros(ours_src[b])),
             ("src_key_padding_mask", ones_and_zeros(theirs.src_key_padding_mask[b]))], 34, "^")
         lines += table("", inspected.pieces("tgt_in_ids", b), [
-            ("ours: key_padding_mask(tgt_in_ids)", ones_and_zeros(ours_tgt[b])),
+            ("ours: real_key_mask(tgt_in_ids)", ones_and_zeros(ours_tgt[b])),
             ("tgt_key_padding_mask", ones_and_zeros(theirs.tgt_key_padding_mask[b]))], 34, "^")
     t = batch.tgt_in_ids.size(1)
     rows = [(str(i), ones_and_zeros(row)) for i, row in enumerate(theirs.tgt_mask)]
@@ -299,7 +299,7 @@ def inspect_masks(cfg: MasksConfig) -> None:
         translations = translate_lines(model, tokenizer, cfg.sentences,
                                        DecodeConfig(method="greedy", precision="fp32"))
     inspected = make_batch(tokenizer, cfg.sentences, translations,
-                           model.cfg.max_len if model is not None else None)
+                           model.cfg.max_positions if model is not None else None)
     check_choices(cfg, inspected, model)
     lines = [describe(cfg, tokenizer), "", *format_batch(inspected), "",
              "2. The masks the model builds (masks.py): rows are queries, columns keys, 1 = may attend.",

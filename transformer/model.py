@@ -6,7 +6,7 @@ API in the shape of the paper, plain tensors in and out:
     memory = model.encode(src_ids)                                 # (B, S, D)
     logits = model.decode(tgt_in_ids, memory, src_ids, cache=None)  # (B, T, V)
     logits = model(src_ids, tgt_in_ids)                             # (B, T, V)
-    logits = model(src_ids, tgt_in_ids, positions)                  # (N, V), training
+    logits = model(src_ids, tgt_in_ids, predict_mask)               # (N, V), training
 Masks are never passed in: they are built here from the ids and `pad_id` (masks.py).
 """
 
@@ -50,6 +50,16 @@ class DecoderCache:
 
 
 class Transformer(nn.Module):
+    """The encoder-decoder of Vaswani et al. (2017), configured by a ModelConfig.
+
+    Token embeddings (shared by source, target and output projection when
+    `tie_embeddings`) scaled by sqrt(d_model) plus the sinusoidal table `sinusoids`,
+    `n_encoder_layers` EncoderLayers and `n_decoder_layers` DecoderLayers, post-norm as in
+    the paper or pre-norm (then with a final LayerNorm per stack), and a bias-free output
+    projection. Masks are built from the ids inside `encode`/`decode`; see the module
+    docstring for the API.
+    """
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -69,7 +79,7 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.out_proj = nn.Linear(d, v, bias=False)
         self.dropout = Dropout(cfg.dropout)
-        self.register_buffer("positions", sinusoid_table(cfg.max_len, d), persistent=False)
+        self.register_buffer("sinusoids", sinusoid_table(cfg.max_positions, d), persistent=False)
         self.embed_scale = d**0.5
         self.reset_parameters()
         if cfg.tie_embeddings:  # section 3.4: one matrix for both embeddings and the output
@@ -98,9 +108,9 @@ class Transformer(nn.Module):
     def _embed(self, embed: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Token embeddings scaled by sqrt(D) plus sinusoidal positions (section 3.4-3.5)."""
         end = offset + ids.size(1)
-        if end > self.cfg.max_len:
-            raise ValueError(f"sequence of {end} tokens exceeds model max_len={self.cfg.max_len}")
-        x = embed(ids) * self.embed_scale + self.positions[offset:end]
+        if end > self.cfg.max_positions:
+            raise ValueError(f"sequence of {end} tokens exceeds model max_positions={self.cfg.max_positions}")
+        x = embed(ids) * self.embed_scale + self.sinusoids[offset:end]
         return self.dropout(x)
 
     def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
@@ -126,21 +136,21 @@ class Transformer(nn.Module):
         return self.out_proj(self._decoder_states(tgt_in_ids, memory, src_ids, cache))
 
     def forward(
-        self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, positions: torch.Tensor | None = None
+        self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, predict_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) (teacher forcing).
 
-        positions: optional bool (B, T); then logits are computed only where it is True
-        and returned as (N, V), N = positions.sum(), in row-major order. Training passes
+        predict_mask: optional bool (B, T); then logits are computed only where it is True
+        and returned as (N, V), N = predict_mask.sum(), in row-major order. Training passes
         the non-padding targets: the output layer is the largest matrix of a small model,
         and its work at padded positions would be thrown away by the loss.
         """
         states = self._decoder_states(tgt_in_ids, self.encode(src_ids), src_ids)  # (B, T, D)
-        if positions is not None:
-            if positions.shape != tgt_in_ids.shape or positions.dtype != torch.bool:
-                raise ValueError(f"positions must be a bool tensor of shape {tuple(tgt_in_ids.shape)}, "
-                                 f"got {positions.dtype} {tuple(positions.shape)}")
-            states = states[positions]  # (N, D)
+        if predict_mask is not None:
+            if predict_mask.shape != tgt_in_ids.shape or predict_mask.dtype != torch.bool:
+                raise ValueError(f"predict_mask must be a bool tensor of shape {tuple(tgt_in_ids.shape)}, "
+                                 f"got {predict_mask.dtype} {tuple(predict_mask.shape)}")
+            states = states[predict_mask]  # (N, D)
         return self.out_proj(states)
 
     def _decoder_states(

@@ -59,7 +59,7 @@ def cross_attention(
         raise ValueError(f"layer={layer}, but the model has {n_layers} decoder layers")
     layer %= n_layers
     device = next(model.parameters()).device
-    src = encode_sources(tokenizer, [sentence], model.cfg.max_len)[0]
+    src = encode_sources(tokenizer, [sentence], model.cfg.max_positions)[0]
     if not src:
         raise ValueError("nothing to translate: the sentence is empty")
     src_ids = torch.tensor([src], device=device)  # (1, S)

@@ -1,7 +1,7 @@
 """mt-prepare: load, clean, tokenize and encode a corpus ahead of training; print statistics.
 
 mt-prepare data=tatoeba
-mt-prepare data=sample data.vocab_size=300
+mt-prepare data=sample data.spm_vocab_size=300
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ lenpen > 0 a live beam could in theory still overtake the K-th finished hypothes
 like fairseq we accept that in exchange for not running every sentence to max length.
 
 The search talks to the model only through `encode`, `decode` with a `DecoderCache`,
-and `model.cfg` (bos/eos/pad ids, max_len), so a scripted fake model can stand in.
+and `model.cfg` (bos/eos/pad ids, max_positions), so a scripted fake model can stand in.
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ def length_penalty(length: int, alpha: float) -> float:
 def max_lengths(model, src_ids: torch.Tensor, a: float, b: int, min_len: int) -> torch.Tensor:
     """Per-sentence maximum output length (B,), a * |x| + b, within the model's limits."""
     src_len = (src_ids != model.cfg.pad_id).sum(dim=1)
-    limit = model.cfg.max_len - 1  # BOS + max_len tokens fill positions 0..max_len
+    limit = model.cfg.max_positions - 1  # BOS and the tokens fill positions 0..max_positions - 1
     if min_len > limit:  # EOS would be both forbidden and forced: nothing could be scored
         raise ValueError(f"min_len={min_len} exceeds the longest output this model writes "
-                         f"({limit} tokens, max_len={model.cfg.max_len} minus BOS)")
+                         f"({limit} tokens, max_positions={model.cfg.max_positions} minus BOS)")
     max_len = torch.floor(a * src_len.double() + b).long().clamp(max=limit)
     return max_len.clamp(min=min(min_len, limit))
 

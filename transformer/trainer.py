@@ -101,7 +101,7 @@ class Trainer:
         )
         self.validator = Validator(
             data.devs, data.tokenizer, cfg.decode, cfg.optim.label_smoothing, self.tc.precision,
-            device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_len)
+            device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_positions)
         self.net: torch.nn.Module = model  # what forward runs through: DDP and/or compiled
         if dist_info.world_size > 1:
             self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -49,16 +49,16 @@ class Validator:
 
     def __init__(self, devs: dict[str, datasets.Dataset], tokenizer: Tokenizer, decode: DecodeConfig,
                  label_smoothing: float, precision: str, device: torch.device,
-                 max_tokens: int, bleu_sentences: int | None, model_max_len: int) -> None:
+                 max_tokens: int, bleu_sentences: int | None, max_positions: int) -> None:
         self.devs, self.tokenizer, self.decode = devs, tokenizer, decode
         self.label_smoothing, self.precision, self.device = label_smoothing, precision, device
         self.batches: dict[str, list[list[int]]] = {}
         for name, dev in devs.items():
             src_lens, tgt_lens = token_lengths(dev)
             longest = int(max(src_lens.max(), tgt_lens.max())) + 1  # with BOS/EOS
-            if longest > model_max_len:
-                raise ConfigError(f"model.max_len={model_max_len}: the {name} dev set has a pair of "
-                                  f"{longest} tokens with BOS/EOS; raise model.max_len")
+            if longest > max_positions:
+                raise ConfigError(f"model.max_positions={max_positions}: the {name} dev set has a "
+                                  f"pair of {longest} tokens with BOS/EOS; raise it")
             if longest > max_tokens:
                 raise ConfigError(f"trainer.val_max_tokens={max_tokens}: the {name} dev set has a "
                                   f"pair of {longest} tokens with BOS/EOS; raise it")
