@@ -44,7 +44,7 @@ from transformer.config import ModelConfig, to_dataclass
 from transformer.corpus import project_path, read_lines
 from transformer.decoding import encode_sources
 from transformer.model import build_model, count_parameters
-from transformer.runtime import autocast, keep_large_blocks_in_the_heap
+from transformer.runtime import autocast, describe_cpu, keep_large_blocks_in_the_heap
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import train_tokenizer
 
@@ -208,6 +208,7 @@ def main() -> None:
           f"{len(lines)} sentences of {args.source} (mean {sum(map(len, src)) / len(src):.1f} "
           f"source pieces); {torch.get_num_threads()} CPU threads, {args.precision}, "
           f"{args.attention} attention")
+    print(f"CPU: {describe_cpu()}")
     print("output length: " + (
         f"fixed at {fixed} tokens + EOS for every method (min_len = max_len)" if fixed else
         "up to max_len = 1.2 |x| + 10 tokens for every method "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
 from pathlib import Path
@@ -32,7 +33,12 @@ from transformer.data import prepare_data
 from transformer.layers import sinusoid_table
 from transformer.loss import batch_loss
 from transformer.model import build_model, count_parameters
-from transformer.runtime import autocast, keep_large_blocks_in_the_heap
+from transformer.runtime import (
+    autocast,
+    cpu_bf16_support,
+    describe_cpu,
+    keep_large_blocks_in_the_heap,
+)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")
@@ -154,6 +160,10 @@ def main() -> None:
     sampler = TokenBatchSampler(*token_lengths(train), max_tokens=args.max_tokens, seed=1)
     batches = [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id).to(device)
                for idx in sampler.batches(0)[: args.steps]]
+    print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else describe_cpu()}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
+    if device.type == "cpu" and "bf16" in args.precisions and not cpu_bf16_support()[0]:
+        print("note: this CPU has no native bf16: bf16 autocast is emulated, ~30x slower than fp32")
     print(f"model={args.model} vocab={tok.vocab_size} threads={torch.get_num_threads()} "
           f"batches={len(batches)} x ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens")
     print(f"parameters: this trainer {count_parameters(build_model(model_cfg)):,}, "
