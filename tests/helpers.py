@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.config import CONFIG_DIR, TrainConfig, to_dataclass
+from transformer.checkpoint import save_checkpoint
+from transformer.config import CONFIG_DIR, PROJECT_ROOT, ModelConfig, TrainConfig, to_dataclass
+from transformer.corpus import read_lines
+from transformer.model import build_model
+from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.train import train
 from transformer.trainer import Trainer
+
+SAMPLE = PROJECT_ROOT / "data" / "sample"
 
 # The debug preset on the shipped sample corpus: a tiny model, 20 CPU steps, no bar.
 DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_threads=1"]
@@ -46,3 +54,21 @@ def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     return [(e.step, e.value) for e in sorted(acc.Scalars(tag), key=lambda e: e.wall_time)]
+
+
+@functools.cache
+def sample_tokenizer(vocab_size: int = 300) -> Tokenizer:
+    """A SentencePiece vocabulary trained on both sides of data/sample's training pairs."""
+    return train_tokenizer(read_lines(SAMPLE / "train.it") + read_lines(SAMPLE / "train.en"),
+                           vocab_size=vocab_size)
+
+
+def tiny_checkpoint(path: Path, seed: int = 0, **model: int) -> Path:
+    """A checkpoint of a random tiny model (d_model 32, 4 heads, 2+2 layers unless
+    overridden) with the sample vocabulary: for tests of decoding and the commands."""
+    tokenizer = sample_tokenizer()
+    torch.manual_seed(seed)
+    settings = dict(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                    max_positions=64) | model
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, **settings)
+    return save_checkpoint(path, build_model(cfg), tokenizer, "", {})

@@ -9,18 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from transformer import evaluate, prepare, train, translate
 from transformer.checkpoint import CheckpointError, load_model, save_checkpoint
-from transformer.config import PROJECT_ROOT, DataConfig, DecodeConfig, ModelConfig
+from transformer.config import PROJECT_ROOT, DataConfig, DecodeConfig
 from transformer.corpus import DataError, read_lines
 from transformer.data import prepare_data
 from transformer.decoding import translate_lines
-from transformer.model import build_model
 from transformer.tokenizer import VocabularyError, train_tokenizer
 
-from helpers import DEBUG, shared_cache
+from helpers import DEBUG, shared_cache, tiny_checkpoint
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
@@ -29,12 +27,8 @@ ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A random tiny model (positions for 24 tokens) with a sample-trained vocabulary."""
-    tokenizer = train_tokenizer(read_lines(SAMPLE / "train.it") + read_lines(SAMPLE / "train.en"),
-                                vocab_size=300)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=1, n_decoder_layers=1, max_positions=24)
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", build_model(cfg), tokenizer, "", {})
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", n_encoder_layers=1, n_decoder_layers=1,
+                           max_positions=24)
 
 
 def call(main, prog: str, monkeypatch, *args: str) -> str | int | None:

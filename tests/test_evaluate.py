@@ -8,14 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from transformer import evaluate
-from transformer.checkpoint import save_checkpoint
-from transformer.config import ModelConfig
 from transformer.corpus import read_lines
-from transformer.model import build_model
-from transformer.tokenizer import train_tokenizer
+
+from helpers import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample"
@@ -53,12 +50,7 @@ def test_scores_equal_the_sacrebleu_command_line(tmp_path):
 @pytest.fixture
 def checkpoint(tmp_path) -> Path:
     """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
-    tokenizer = train_tokenizer(read_lines(SAMPLE / "train.it") + read_lines(SAMPLE / "train.en"),
-                                vocab_size=300)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
-    return save_checkpoint(tmp_path / "ckpt", build_model(cfg), tokenizer, "", {})
+    return tiny_checkpoint(tmp_path / "ckpt")
 
 
 def test_mt_evaluate_writes_files_and_report_that_sacrebleu_agrees_with(

@@ -30,6 +30,8 @@ from transformer.model import Transformer, build_model
 from transformer.search import length_penalty, max_lengths, search
 from transformer.tokenizer import train_tokenizer
 
+from helpers import sample_tokenizer
+
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 from transformer.ct2 import CT2Model  # noqa: E402  (after the skip: it needs ctranslate2)
@@ -50,8 +52,7 @@ VARIANTS = {"post-tied": (False, True, 0), "post-untied": (False, False, 0),
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_tokenizer(read_lines(SAMPLE / "train.it") + read_lines(SAMPLE / "train.en"),
-                           vocab_size=300)
+    return sample_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,8 @@ from torch import nn
 
 from transformer import masks_cli
 from transformer.attention import MultiHeadAttention
-from transformer.checkpoint import load_model, save_checkpoint
-from transformer.config import PROJECT_ROOT, ConfigError, ModelConfig, to_dataclass
-from transformer.corpus import read_lines
+from transformer.checkpoint import load_model
+from transformer.config import PROJECT_ROOT, ConfigError, to_dataclass
 from transformer.mask_inspector import (
     KINDS,
     WhitespaceTokenizer,
@@ -37,10 +36,8 @@ from transformer.mask_inspector import (
     torch_equivalents,
 )
 from transformer.masks import real_key_mask
-from transformer.model import build_model
-from transformer.tokenizer import train_tokenizer
 
-from helpers import compose_cfg
+from helpers import compose_cfg, tiny_checkpoint
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -54,12 +51,7 @@ PAIRS = ["sentences=[Mi chiamo Luke, \"Luke, io sono tuo padre\"]",
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A random tiny model (2 heads, 2+2 layers) with a vocabulary trained on data/sample."""
-    tokenizer = train_tokenizer(read_lines(SAMPLE / "train.it") + read_lines(SAMPLE / "train.en"),
-                                vocab_size=300)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
-                      n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", build_model(cfg), tokenizer, "", {})
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", d_model=16, n_heads=2, d_ff=32)
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,12 @@ from transformer import decoding, runtime, translate
 from transformer.average import main as average_main
 from transformer.batching import length_batches
 from transformer.checkpoint import load_meta, load_model, save_checkpoint
-from transformer.config import DecodeConfig, ModelConfig
+from transformer.config import DecodeConfig
 from transformer.corpus import read_lines
 from transformer.model import build_model
 from transformer.plots import cross_attention, plot_alignment
-from transformer.tokenizer import train_tokenizer
+
+from helpers import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 LINES = ["Che ore sono?", "", "Ti chiamo stasera.", "   ", "Sì, certo!", "Ci vediamo martedì alle due."]
@@ -30,14 +31,7 @@ FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
-    sample = ROOT / "data" / "sample"
-    sentences = read_lines(sample / "train.it") + read_lines(sample / "train.en")
-    tokenizer = train_tokenizer(sentences, vocab_size=300)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
-                      n_encoder_layers=2, n_decoder_layers=2, max_positions=32)
-    model = build_model(cfg)
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", model, tokenizer, "", {})
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", max_positions=32)
 
 
 @pytest.fixture(scope="module")
