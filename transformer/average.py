@@ -14,11 +14,11 @@ it translates and evaluates like any other, but training cannot resume from it.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
+from transformer import cli
 from transformer.checkpoint import (
     RUN_CFG,
     CheckpointError,
@@ -95,11 +95,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        paths = last_checkpoints(args.inputs[0], args.last) if args.last else args.inputs
-        out = average(paths, args.output)
-    except CheckpointError as e:
-        sys.exit(f"mt-average: error: {e}")
+    paths = cli.run("mt-average", lambda: last_checkpoints(args.inputs[0], args.last)
+                    if args.last else args.inputs)
+    out = cli.run("mt-average", lambda: average(paths, args.output))
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
 
 
