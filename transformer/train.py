@@ -45,7 +45,13 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
     """
     dist_info, device = setup_distributed(cfg.trainer.device)
     cli.setup_logging(is_main=dist_info.is_main)
+    # Rank 0 tidies the run directory (leftovers of a crash) before the others read it. If
+    # it refuses to start, torchrun stops the other workers.
+    if not dist_info.is_main:
+        dist.barrier()
     run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, dist_info.is_main)
+    if dist_info.is_main and dist_info.world_size > 1:
+        dist.barrier()
     try:
         cli.setup_logging(log_file=run.path / "train.log", is_main=dist_info.is_main)
         _check_model_config(run, cfg)
