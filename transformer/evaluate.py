@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class EvaluateConfig:
     checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
-    test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | dev | test | src,ref
+    test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | europarl-test | dev | test | src,ref
     output_dir: str = "outputs/eval"  # relative to the current directory
     max_sentences: int | None = None  # score only the first N sentences (quick checks)
     device: str = "auto"
