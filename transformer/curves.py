@@ -6,6 +6,7 @@ needs nothing but the run directory. Matplotlib's object API with the Agg canvas
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -35,13 +36,18 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[float, int, float]
 
 
 def training_hours(scalars: dict[str, list[tuple[float, int, float]]]) -> dict[int, float]:
-    """step -> hours of training, from the wall times of `train/loss`, without the gaps
-    between resumed segments (a pause longer than 10 minutes between logs is not counted)."""
+    """step -> hours of training, from the wall times of `train/loss`, without the pauses
+    between resumed segments: an interval between two logs longer than four typical ones
+    (their median), or than 10 minutes, counts as one typical interval (the restart's
+    loading and the updates redone since the last checkpoint are not training time)."""
     points = scalars["train/loss"]
+    intervals = sorted(b[0] - a[0] for a, b in itertools.pairwise(points))
+    typical = intervals[len(intervals) // 2] if intervals else 0.0
     hours, total, last = {}, 0.0, None
     for wall, step, _ in points:
-        if last is not None and wall - last < 600:
-            total += wall - last
+        if last is not None:
+            gap = wall - last
+            total += gap if gap <= min(4 * typical, 600) else typical
         hours[step] = total / 3600
         last = wall
     return hours
