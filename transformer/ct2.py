@@ -74,10 +74,18 @@ CT2_FILES = ("model.bin", "config.json", "shared_vocabulary.json")
 DEFAULT_CPU_THREADS = 2
 # On a CPU the threads run as that many single-threaded workers (CTranslate2's inter_threads)
 # on sub-batches of this many source tokens: on the 2-core AVX2 AMD EPYC, int8 beam 5 on
-# tatoeba-test ran at 326 sentences/s so, 235 as one 2-thread worker on the same 500-token
+# tatoeba-test ran at 326 sentences/s this way, 235 as one 2-thread worker on the same 500-token
 # batches and 214 on 2,000-token ones (README, "Deploying a model").
 CPU_SUB_BATCH_TOKENS = 500
 NO_EARLY_EXIT = 1e-6  # a beam length_penalty that turns CTranslate2's early exit off
+
+
+def _width_and_lenpen(cfg: DecodeConfig) -> tuple[int, float]:
+    """CTranslate2's beam size and length_penalty for `cfg`: the search is unnormalised
+    (scores are re-ranked with our length penalty afterwards), but a beam needs a tiny
+    penalty to turn early exit off."""
+    k = cfg.beam_size if cfg.method == "beam" else 1
+    return k, NO_EARLY_EXIT if k > 1 else 0.0
 
 
 def require_ctranslate2(what: str):
@@ -200,18 +208,16 @@ class CT2Model:
     def _submit(self, src: list[list[int]], limit: int, cfg: DecodeConfig) -> list:
         """Start translating sentences that share the length limit (asynchronously, in
         sub-batches the workers share)."""
-        k = cfg.beam_size if cfg.method == "beam" else 1
+        k, lp = _width_and_lenpen(cfg)
         return self.translator.translate_batch(
-            [self._pieces(s) for s in src], beam_size=k, num_hypotheses=k,
-            length_penalty=NO_EARLY_EXIT if k > 1 else 0.0,
+            [self._pieces(s) for s in src], beam_size=k, num_hypotheses=k, length_penalty=lp,
             max_decoding_length=limit, min_decoding_length=cfg.min_len,
             max_input_length=self.cfg.max_positions, return_scores=True,
             max_batch_size=self.sub_batch, batch_type="tokens", asynchronous=True)
 
     def _nbest(self, src: list[list[int]], found: list, limit: int, cfg: DecodeConfig) -> list[list[Hypothesis]]:
         """CTranslate2's results for sentences that share the length limit -> n-best lists."""
-        k = cfg.beam_size if cfg.method == "beam" else 1
-        lp = NO_EARLY_EXIT if k > 1 else 0.0
+        _, lp = _width_and_lenpen(cfg)
         # (tokens, sum of log-probabilities): CTranslate2 divided the sums by |y| ** lp
         hyps = [[([self.piece_ids[p] for p in h], s * len(h) ** lp)
                  for h, s in zip(r.hypotheses, r.scores, strict=True)] for r in found]

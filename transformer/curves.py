@@ -7,6 +7,7 @@ needs nothing but the run directory. Matplotlib's object API with the Agg canvas
 from __future__ import annotations
 
 import itertools
+import statistics
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -41,15 +42,12 @@ def training_hours(scalars: dict[str, list[tuple[float, int, float]]]) -> dict[i
     (their median), or than 10 minutes, counts as one typical interval (the restart's
     loading and the updates redone since the last checkpoint are not training time)."""
     points = scalars["train/loss"]
-    intervals = sorted(b[0] - a[0] for a, b in itertools.pairwise(points))
-    typical = intervals[len(intervals) // 2] if intervals else 0.0
-    hours, total, last = {}, 0.0, None
-    for wall, step, _ in points:
-        if last is not None:
-            gap = wall - last
-            total += gap if gap <= min(4 * typical, 600) else typical
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(points)]
+    typical = statistics.median_high(gaps) if gaps else 0.0
+    hours, total = {}, 0.0
+    for (_, step, _), gap in zip(points, [0.0, *gaps], strict=True):
+        total += gap if gap <= min(4 * typical, 600) else typical
         hours[step] = total / 3600
-        last = wall
     return hours
 
 
