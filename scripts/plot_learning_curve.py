@@ -1,16 +1,25 @@
-"""Learning curves of a run (dev BLEU/chrF and losses against training time) as a PNG.
+"""Learning curves of a run (dev BLEU/chrF and losses against training time) as a PNG, or
+several runs compared (dev BLEU and NLL, one colour per run).
 
     python scripts/plot_learning_curve.py runs/tatoeba_cpu docs/tatoeba_cpu_curve.png
+    python scripts/plot_learning_curve.py runs/a runs/b -o compare.png --labels "1:1" "3:1"
 """
 
 import argparse
 
-from transformer.curves import plot_learning_curves
+from transformer.curves import plot_learning_curves, plot_run_comparison
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir", help="a run directory holding tb/ event files")
-    ap.add_argument("out_png")
+    ap.add_argument("paths", nargs="+", help="a run directory (holding tb/) and the PNG to write; "
+                    "or, with -o, the run directories to compare")
+    ap.add_argument("-o", "--out", default=None, help="compare the runs given into this PNG")
+    ap.add_argument("--labels", nargs="+", default=None, help="a legend label per compared run")
     ap.add_argument("--title", default=None)
     args = ap.parse_args()
-    print(plot_learning_curves(args.run_dir, args.out_png, args.title))
+    if args.out:
+        print(plot_run_comparison(args.paths, args.out, args.labels, args.title))
+    elif len(args.paths) == 2:
+        print(plot_learning_curves(args.paths[0], args.paths[1], args.title))
+    else:
+        ap.error("give RUN_DIR OUT_PNG, or RUN_DIR... -o OUT_PNG to compare runs")

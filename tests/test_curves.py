@@ -1,8 +1,15 @@
 """Learning curves read every resumed segment of a run and skip the pause between them."""
 
+import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from transformer.curves import dev_sets, plot_learning_curves, read_scalars, training_hours
+from transformer.curves import (
+    dev_sets,
+    plot_learning_curves,
+    plot_run_comparison,
+    read_scalars,
+    training_hours,
+)
 
 
 def _segment(tb, steps, start_wall):
@@ -26,15 +33,29 @@ def test_curves_join_resumed_segments_without_the_gap(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_mixed_run_gets_one_line_per_dev_set(tmp_path):
-    w = SummaryWriter(str(tmp_path / "tb"))
+def _mixed_run(run_dir, slope=1.0):
+    w = SummaryWriter(str(run_dir / "tb"))
     for step in (1, 2, 3, 4):
         w.add_scalar("train/loss", 5.0 - step / 10, step, walltime=1_000_000 + 60 * step)
-        for name, bleu in (("europarl", step * 3.0), ("tatoeba", step * 5.0)):
+        for name, bleu in (("europarl", step * 3.0 * slope), ("tatoeba", step * 5.0 * slope)):
             w.add_scalar(f"dev/{name}/bleu", bleu, step, walltime=1_000_000 + 60 * step)
             w.add_scalar(f"dev/{name}/nll", 4.0 - step / 2, step, walltime=1_000_000 + 60 * step)
         w.add_scalar("dev/bleu", step * 4.0, step, walltime=1_000_000 + 60 * step)
     w.close()
+
+
+def test_a_mixed_run_gets_one_line_per_dev_set(tmp_path):
+    _mixed_run(tmp_path)
     assert dev_sets(read_scalars(tmp_path)) == ["europarl", "tatoeba"]
     png = plot_learning_curves(tmp_path, tmp_path / "curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_compare_in_one_picture_one_line_per_run_and_dev_set(tmp_path):
+    _mixed_run(tmp_path / "a")
+    _mixed_run(tmp_path / "b", slope=2.0)
+    _segment(tmp_path / "single" / "tb", [1, 2, 3, 4], start_wall=1_000_000)  # one dev set: dev/bleu
+    png = plot_run_comparison([tmp_path / "a", tmp_path / "b", tmp_path / "single"], tmp_path / "cmp.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="3 runs but 1 labels"):
+        plot_run_comparison([tmp_path / "a", tmp_path / "b", tmp_path / "single"], tmp_path / "x.png", ["a"])

@@ -105,3 +105,40 @@ def plot_learning_curves(run_dir: str | Path, out_png: str | Path, title: str | 
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png)
     return out_png
+
+
+def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels: list[str] | None = None,
+                        title: str | None = None) -> Path:
+    """Write a PNG comparing runs: dev BLEU (left) and dev NLL (right) against training
+    hours, one colour per run and one line style per dev set (a sweep's picture)."""
+    labels = labels or [Path(d).name for d in run_dirs]
+    if len(labels) != len(run_dirs):
+        raise ValueError(f"{len(run_dirs)} runs but {len(labels)} labels")
+    fig = Figure(figsize=(11, 4.2), dpi=110)
+    left, right = fig.subplots(1, 2)
+    styles = itertools.cycle(["-", "--", ":", "-."])
+    style_of: dict[str, str] = {}
+    for i, (run_dir, label) in enumerate(zip(run_dirs, labels, strict=True)):
+        scalars = read_scalars(run_dir)
+        hours = training_hours(scalars)
+        names = dev_sets(scalars) or [""]
+        for name in names:
+            ls = style_of.setdefault(name, next(styles))
+            suffix = f" {name}" if name else ""
+            for ax, metric in ((left, "bleu"), (right, "nll")):
+                tag = f"dev/{name}/{metric}" if name else f"dev/{metric}"
+                if tag in scalars:
+                    xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
+                    ax.plot(xs, [v for _, _, v in scalars[tag]], ls=ls, color=f"C{i}", marker="o", ms=3,
+                            label=f"{label}{suffix}")
+    left.set(xlabel="training time (hours)", ylabel="BLEU", title="dev BLEU (greedy)")
+    right.set(xlabel="training time (hours)", ylabel="nats per target token", title="dev NLL")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title or " vs ".join(labels))
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    return out_png
