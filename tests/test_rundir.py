@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer.config import PROJECT_ROOT
-from transformer.rundir import RunDirError, open_run_dir
+from transformer.rundir import RunDirError, open_run_dir, remove_new_empty_dirs
 
 from helpers import DEBUG, run, scalars, shared_cache
 
@@ -180,3 +181,22 @@ def test_hydra_run_dir_is_honoured(tmp_path):
     assert [p.name for p in ckpt.step_checkpoints(tmp_path / "elsewhere")] == ["step_2"]
     assert f"run_dir: {tmp_path / 'elsewhere'}" in (tmp_path / "elsewhere" / "config.yaml").read_text()
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_refused_run_takes_back_only_the_empty_directories_it_made(tmp_path):
+    old = tmp_path / "old_empty"
+    old.mkdir()
+    os.utime(old, (time.time() - 3600,) * 2)  # made an hour ago: not this command's
+    since = time.time() - 1.0
+    keep = tmp_path / "runs" / "keep"
+    keep.mkdir(parents=True)
+    (keep / "notes.txt").write_text("mine")
+    new = tmp_path / "runs" / "sweep" / "job"
+    new.mkdir(parents=True)
+    assert remove_new_empty_dirs(new, since, tmp_path) == [new, new.parent]  # runs/ holds keep/
+    assert (keep / "notes.txt").read_text() == "mine"
+    assert remove_new_empty_dirs(old, since, tmp_path) == [] and old.is_dir()
+    assert remove_new_empty_dirs(tmp_path, since, tmp_path) == []  # never the stop itself
+    outside = tmp_path / "x"
+    outside.mkdir()
+    assert remove_new_empty_dirs(outside, since, tmp_path / "elsewhere") == [] and outside.is_dir()

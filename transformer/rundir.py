@@ -126,3 +126,25 @@ def check_resumable(candidate: Path, model_cfg: ModelConfig) -> None:
         raise RunDirError(
             f"cannot resume {candidate}: the model config changed: {', '.join(changed)}; set it "
             f"back, or start a new run with trainer.run_dir=<new directory>")
+
+
+def remove_new_empty_dirs(path: str | Path, since: float, stop: str | Path) -> list[Path]:
+    """Remove `path`, then each parent below `stop`, while it is an empty directory last
+    changed at or after `since` (seconds since the epoch); returns those removed.
+
+    Hydra makes the run directory (and its missing parents) before the settings are
+    checked, so a run refused at once would leave empty directories behind: only they go,
+    never a directory that holds anything or was left untouched since `since`.
+    """
+    removed: list[Path] = []
+    path, stop = Path(path).absolute(), Path(stop).absolute()
+    while path != stop and stop in path.parents:
+        try:
+            if not path.is_dir() or any(path.iterdir()) or path.stat().st_mtime < since:
+                break
+            path.rmdir()
+        except OSError:  # another rank removed it first, or it just got a file
+            break
+        removed.append(path)
+        path = path.parent
+    return removed

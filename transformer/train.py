@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 
 import hydra
@@ -23,7 +24,7 @@ from transformer.checkpoint import CheckpointError
 from transformer.config import TrainConfig, to_dataclass
 from transformer.data import prepare_data
 from transformer.model import build_model, count_parameters
-from transformer.rundir import RunDir, check_resumable, open_run_dir
+from transformer.rundir import RunDir, check_resumable, open_run_dir, remove_new_empty_dirs
 from transformer.runtime import (
     enable_fast_cuda_math,
     keep_large_blocks_in_the_heap,
@@ -34,6 +35,7 @@ from transformer.runtime import (
 from transformer.trainer import Trainer
 
 log = logging.getLogger(__name__)
+_started: float | None = None  # when main() began: before Hydra made the run directory
 
 
 def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
@@ -127,12 +129,19 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
 
 @hydra.main(config_path=cli.CONFIG_PATH, config_name="train", version_base="1.3")
 def hydra_main(hydra_cfg: DictConfig) -> None:
-    cli.run("mt-train", lambda: train(*configure(hydra_cfg)))
+    try:
+        cli.run("mt-train", lambda: train(*configure(hydra_cfg)))
+    except SystemExit as e:  # refused or interrupted: take back the empty directories Hydra made
+        if e.code not in (0, None) and _started is not None:
+            remove_new_empty_dirs(HydraConfig.get().runtime.output_dir, _started, Path.cwd())
+        raise
 
 
 
 def main() -> None:
     """The `mt-train` console script."""
+    global _started
+    _started = time.time() - 1.0  # file times come from a coarser clock, up to a tick behind
     cli.hydra_entry("mt-train", hydra_main)
 
 
