@@ -9,6 +9,12 @@ in fp32 and bf16 autocast.
     python scripts/bench_train.py                      # small model, fp32 and bf16
     python scripts/bench_train.py --baseline sdpa-math --precisions bf16   # attention paths
     python scripts/bench_train.py --model base --steps 10 --precisions bf16 --peak-tflops 989   # a GPU
+    python scripts/bench_train.py --data europarl_tatoeba --set corpora.tatoeba=3 --precisions fp32 \
+        --peak-tflops measure          # a mix's batches; utilisation of a measured matmul peak
+
+With a mix (`--data europarl_tatoeba`) the batches are drawn by the corpus weights, as in
+training. `--peak-tflops measure` times a large matrix product in each precision on the
+device (an attainable peak, not the data-sheet one) and prints model FLOPs utilisation.
 """
 
 from __future__ import annotations
@@ -127,6 +133,22 @@ def step_flops(model, batches: list[Batch]) -> float:
     return sum(6 * (enc * b.src_ids.numel() + dec * b.tgt_in_ids.numel()) for b in batches)
 
 
+def matmul_tflops(precision: str, device: torch.device, n: int = 4096, reps: int = 5) -> float:
+    """Attainable dense TFLOP/s: the median of `reps` n x n matrix products in `precision`."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    secs = []
+    for _ in range(reps + 1):  # the first is a warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        secs.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(secs[1:]) / 1e12
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small", help="a configs/model/*.yaml name")
@@ -140,9 +162,11 @@ def main() -> None:
     ap.add_argument("--baseline", default="torch", choices=["torch", "sdpa-math"],
                     help="torch: a plain nn.Transformer; sdpa-math: this trainer with attention "
                          "through SDPA's math kernel (what attention.py did on CPU before)")
-    ap.add_argument("--peak-tflops", type=float, default=None,
+    ap.add_argument("--peak-tflops", default=None,
                     help="the device's dense peak at this precision, to print model FLOPs utilisation "
-                         "(H100 SXM bf16: 989; H200: 989)")
+                         "(H100 SXM bf16: 989; H200: 989), or 'measure' to time a large matmul")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides of the data config, e.g. corpora.tatoeba=3")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.threads:
@@ -151,13 +175,16 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
     else:  # what mt-train does on CPU; a process-wide setting, so both models run with it
         keep_large_blocks_in_the_heap()
-    data_cfg = to_dataclass(DataConfig, OmegaConf.load(CONFIGS / "data" / f"{args.data}.yaml"))
+    data_yaml = OmegaConf.merge(OmegaConf.load(CONFIGS / "data" / f"{args.data}.yaml"),
+                                OmegaConf.from_dotlist(args.set))
+    data_cfg = to_dataclass(DataConfig, data_yaml)
     data = prepare_data(data_cfg)
     tok = data.tokenizer
     model_cfg = to_dataclass(ModelConfig, OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
     model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
     train = data.train.select_columns(["src_ids", "tgt_ids"])
-    sampler = TokenBatchSampler(*token_lengths(train), max_tokens=args.max_tokens, seed=1)
+    sampler = TokenBatchSampler(*token_lengths(train), max_tokens=args.max_tokens, seed=1,
+                                mixture=data.mixture(seed=1))
     batches = [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id).to(device)
                for idx in sampler.batches(0)[: args.steps]]
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else describe_cpu()}, "
@@ -165,7 +192,8 @@ def main() -> None:
     if device.type == "cpu" and "bf16" in args.precisions and not cpu_bf16_support()[0]:
         print("note: this CPU has no native bf16: bf16 autocast is emulated, ~30x slower than fp32")
     print(f"model={args.model} vocab={tok.vocab_size} threads={torch.get_num_threads()} "
-          f"batches={len(batches)} x ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens")
+          f"batches={len(batches)} x ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens"
+          + (f", corpus weights {data.weights}" if data.weights else ""))
     print(f"parameters: this trainer {count_parameters(build_model(model_cfg)):,}, "
           f"nn.Transformer {count_parameters(TorchTransformerMT(model_cfg)):,} (its final LayerNorms)")
     base_name = "nn.Transformer" if args.baseline == "torch" else "SDPA math"
@@ -189,8 +217,10 @@ def main() -> None:
         o, t = statistics.median(rates["ours"]), statistics.median(rates["torch"])
         extra = ""
         if args.peak_tflops:
+            peak = (matmul_tflops(precision, device) if args.peak_tflops == "measure"
+                    else float(args.peak_tflops))
             achieved = step_flops(ours, batches) / statistics.median(secs_ours) / 1e12
-            extra += f"  model TFLOP/s {achieved:.1f}, MFU {achieved / args.peak_tflops:.1%}"
+            extra += f"  model TFLOP/s {achieved:.3f}, peak {peak:.3f}, MFU {achieved / peak:.1%}"
         if device.type == "cuda":
             extra += f"  peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
         print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
