@@ -129,6 +129,23 @@ def test_patience_stops_after_that_many_validations_without_a_better_score(tmp_p
     assert ckpt.load_meta(tmp_path / "run" / "checkpoints" / "best")["step"] == 4
 
 
+def test_the_last_update_is_validated_even_off_the_validation_grid(tmp_path, monkeypatch):
+    """max_steps not a multiple of val_every: the final weights are scored and can be `best`."""
+    scores = iter([3.0, 5.0])
+
+    def fake_validate(self):
+        bleu = next(scores)
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu, examples=[])}
+
+    monkeypatch.setattr(Trainer, "validate", fake_validate)
+    trainer = run(tmp_path / "run", "trainer.max_steps=7", "trainer.val_every=5", "trainer.save_every=1")
+    assert trainer.state.step == 7 and trainer.state.best_bleu == 5.0
+    assert ckpt.load_meta(tmp_path / "run" / "checkpoints" / "best")["step"] == 7
+    finished = run(tmp_path / "run", "trainer.max_steps=7", "trainer.val_every=5", "trainer.save_every=1",
+                   "trainer.resume=auto")
+    assert finished.state.best_bleu == 5.0  # resuming a finished run validates nothing again
+
+
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
     common = ["trainer.log_every=1", "trainer.val_every=100", "trainer.resume=auto"]
     run(tmp_path / "straight", *common, "trainer.max_steps=8")

@@ -258,6 +258,7 @@ class Trainer:
         self._install_signal_handlers()
         window = LogWindow()
         early_stop = interrupted = False
+        first_step = s.step
         while s.step < tc.max_steps:
             t0 = time.perf_counter()
             micro = [next(stream) for _ in range(tc.accum_steps)]
@@ -287,11 +288,14 @@ class Trainer:
         if interrupted:
             log.warning("interrupted: saving a checkpoint at step %d and exiting", s.step)
         saved = ckpt.step_checkpoints(self.run_dir)
-        if not saved or saved[-1].name != f"step_{s.step}":
-            if interrupted:
+        last_saved = bool(saved) and saved[-1].name == f"step_{s.step}"
+        if interrupted:
+            if not last_saved:
                 self.save(f"step_{s.step}")
-            else:
-                self._validate_and_save()
+        elif not last_saved or (s.step > first_step and s.step % tc.val_every != 0):
+            # the last update is validated too, so that `best` can be the final weights
+            # (max_steps=3250 with val_every=500 and save_every=250 saved step_3250 unscored)
+            self._validate_and_save()
         bar.close()
         if self.writer is not None:
             self.writer.close()
