@@ -134,7 +134,9 @@ def remove_new_empty_dirs(path: str | Path, since: float, stop: str | Path) -> l
 
     Hydra makes the run directory (and its missing parents) before the settings are
     checked, so a run refused at once would leave empty directories behind: only they go,
-    never a directory that holds anything or was left untouched since `since`.
+    never a directory that holds anything. A parent's time changes when a child is made
+    or removed, so an empty parent that existed before the command goes too; the time
+    test protects the run directory itself (an empty one made earlier by hand stays).
     """
     removed: list[Path] = []
     path, stop = Path(path).absolute(), Path(stop).absolute()
