@@ -123,7 +123,9 @@ def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels:
         hours = training_hours(scalars)
         names = dev_sets(scalars) or [""]
         for name in names:
-            ls = style_of.setdefault(name, next(styles))
+            if name not in style_of:  # a style per dev set, the same in every run
+                style_of[name] = next(styles)
+            ls = style_of[name]
             suffix = f" {name}" if name else ""
             for ax, metric in ((left, "bleu"), (right, "nll")):
                 tag = f"dev/{name}/{metric}" if name else f"dev/{metric}"
