@@ -56,6 +56,24 @@ def _hours_at(step: int, hours: dict[int, float]) -> float:
     return hours[max(known)] if known else 0.0
 
 
+def _series(scalars: dict, tag: str, hours: dict[int, float]) -> tuple[list[float], list[float]]:
+    """(hours, values) of one logged tag, for plotting against training time."""
+    return [_hours_at(s, hours) for _, s, _ in scalars[tag]], [v for _, _, v in scalars[tag]]
+
+
+def _save(fig: Figure, title: str, out_png: str | Path, legend_size: str = "medium") -> Path:
+    """Finish `fig` (grid, legend, title) and write it, making the folder if need be."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    return out_png
+
+
 def dev_sets(scalars: dict) -> list[str]:
     """Names of the dev sets a run validated on separately (`dev/<name>/bleu`), if several."""
     return sorted(tag.split("/")[1] for tag in scalars if tag.startswith("dev/") and tag.count("/") == 2
@@ -84,27 +102,17 @@ def plot_learning_curves(run_dir: str | Path, out_png: str | Path, title: str | 
                      ("dev/nll", "dev NLL")]
     for tag, label in score_tags:
         if tag in scalars:
-            xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
             style = {"ls": "--", "color": "black"} if names and tag == "dev/bleu" else {}
-            left.plot(xs, [v for _, _, v in scalars[tag]], marker="o", ms=3, label=label, **style)
+            left.plot(*_series(scalars, tag, hours), marker="o", ms=3, label=label, **style)
     left.set(xlabel="training time (hours)", ylabel="score", title="dev scores")
     for tag, label in loss_tags:
         if tag in scalars:
-            xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
-            right.plot(xs, [v for _, _, v in scalars[tag]], lw=1 if tag.startswith("train") else 2,
+            right.plot(*_series(scalars, tag, hours), lw=1 if tag.startswith("train") else 2,
                        label=label, alpha=0.6 if tag.startswith("train") else 1.0)
     right.set(xlabel="training time (hours)", ylabel="nats per target token", title="loss")
     right.set_ylim(top=min(8.0, right.get_ylim()[1]))
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend()
     last_step = scalars["train/loss"][-1][1]
-    fig.suptitle(title or f"{Path(run_dir).name}: {last_step} updates")
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    return out_png
+    return _save(fig, title or f"{Path(run_dir).name}: {last_step} updates", out_png)
 
 
 def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels: list[str] | None = None,
@@ -130,17 +138,8 @@ def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels:
             for ax, metric in ((left, "bleu"), (right, "nll")):
                 tag = f"dev/{name}/{metric}" if name else f"dev/{metric}"
                 if tag in scalars:
-                    xs = [_hours_at(s, hours) for _, s, _ in scalars[tag]]
-                    ax.plot(xs, [v for _, _, v in scalars[tag]], ls=ls, color=f"C{i}", marker="o", ms=3,
+                    ax.plot(*_series(scalars, tag, hours), ls=ls, color=f"C{i}", marker="o", ms=3,
                             label=f"{label}{suffix}")
     left.set(xlabel="training time (hours)", ylabel="BLEU", title="dev BLEU (greedy)")
     right.set(xlabel="training time (hours)", ylabel="nats per target token", title="dev NLL")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle(title or " vs ".join(labels))
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    return out_png
+    return _save(fig, title or " vs ".join(labels), out_png, legend_size="small")
