@@ -26,6 +26,9 @@ import statistics
 import time
 from pathlib import Path
 
+# isort: off
+import transformer  # noqa: F401  before torch: the OpenMP wait policy training runs under
+# isort: on
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
