@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from huggingface_hub.utils import parse_hf_uri
 from hydra import compose, initialize_config_dir
 
 from transformer import corpus
+from transformer import data as data_module
 from transformer import tokenizer as tokenizer_module
 from transformer.batching import (
     TokenBatchSampler,
@@ -408,6 +410,49 @@ def test_second_run_reuses_everything_until_the_corpus_changes(tmp_path, monkeyp
     third = prepare_data(cfg)
     assert not third.from_cache and len(calls) == 2 and third.path != first.path
     assert third.train["src"][-1] == "Una frase nuova."
+
+
+def test_a_copied_or_touched_corpus_finds_its_cache_by_its_text(tmp_path, monkeypatch) -> None:
+    """A new mtime or path (`touch`, a copy, data synced afresh) costs one read of the files,
+    never a new vocabulary or encoding: the cache is keyed by the cleaned text, and unchanged
+    files are matched to it by path, size and mtime without being read at all."""
+    corpus_dir = tmp_path / "c"
+    train = write_plain_pair(corpus_dir, "train", *sample_pairs("train"))
+    dev = write_plain_pair(corpus_dir, "dev", *sample_pairs("dev"))
+
+    def files_cfg(folder: Path) -> DataConfig:
+        return make_cfg(
+            tmp_path, name="files", train_src=str(folder / "train.it"),
+            train_tgt=str(folder / "train.en"), dev_src=str(folder / "dev.it"),
+            dev_tgt=str(folder / "dev.en"),
+        )  # fmt: skip
+
+    first = prepare_data(files_cfg(corpus_dir))
+    assert not first.from_cache
+    reads = []
+    real_load = corpus.load_corpus
+    monkeypatch.setattr(corpus, "load_corpus", lambda cfg: reads.append(cfg.name) or real_load(cfg))
+    monkeypatch.setattr(data_module, "_build", lambda *a, **k: pytest.fail("prepared again"))
+
+    assert prepare_data(files_cfg(corpus_dir)).from_cache and reads == []  # not even read
+
+    st = train[0].stat()
+    os.utime(train[0], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
+    touched = prepare_data(files_cfg(corpus_dir))
+    assert touched.from_cache and touched.path == first.path and len(reads) == 1
+    assert prepare_data(files_cfg(corpus_dir)).from_cache and len(reads) == 1  # noted
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in (*train, *dev):
+        copy.joinpath(path.name).write_bytes(path.read_bytes())
+    copied = prepare_data(files_cfg(copy))
+    assert copied.from_cache and copied.path == first.path and len(reads) == 2
+    assert copied.train["src_ids"] == first.train["src_ids"]
+
+    for note in (tmp_path / "cache").glob("source-*"):
+        note.write_text("not a key\n")  # a damaged note: the files are read again
+    assert prepare_data(files_cfg(copy)).from_cache and len(reads) == 3
 
 
 # --- batching ------------------------------------------------------------------------

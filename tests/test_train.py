@@ -49,13 +49,17 @@ def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path)
 
 
 def test_console_command_runs(tmp_path):
-    """The real `python -m transformer.train` entry point, as a user types it."""
+    """The real `python -m transformer.train` entry point, as a user types it (a new cache:
+    the data is prepared in the run)."""
     cmd = [sys.executable, "-m", "transformer.train", *DEBUG, "trainer.max_steps=3",
-           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
+           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "checkpoints" / "step_3" / "model.safetensors").is_file()
     assert not (tmp_path / "outputs").exists()  # Hydra leaves no litter in the working dir
+    # trainer.progress=false (a run under nohup): no bar at all, the encoding's neither
+    assert "training a unigram tokenizer" in proc.stderr
+    assert "encoding" not in proc.stderr and "it/s" not in proc.stderr and "examples/s" not in proc.stderr
 
 
 def test_logged_loss_is_the_token_weighted_mean_of_the_window(tmp_path, monkeypatch):

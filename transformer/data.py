@@ -3,9 +3,12 @@
 prepare_data: load -> clean (NFC, whitespace, empty pairs) -> joint SentencePiece
 vocabulary -> encode with `datasets.map` in `num_proc` processes -> length filters
 (train only) -> save. A mix of corpora (`data.name=mix`) goes through the same steps per
-corpus, with one vocabulary trained on a sample balanced by the corpora's weights. The result is cached under `{cache_dir}/prepared-<key>/`, keyed by
-the corpus files' path, size and mtime (or, for the remote hub, the text's digest) and by
-every setting that changes it, so a second run only memory-maps it back.
+corpus, with one vocabulary trained on a sample balanced by the corpora's weights. The
+result is cached under `{cache_dir}/prepared-<key>/`, keyed by the cleaned text's digest and
+every setting that changes it, so a second run only memory-maps it back. For local files a
+`source-<key>` note maps their path, size and mtime to that key, so a run on unchanged
+files finds the cache without reading them; a copied or touched corpus is read and
+cleaned again (seconds) but finds the same cache by its text.
 Batching lives in `batching.py`, loading and cleaning in `corpus.py`.
 """
 
@@ -15,6 +18,8 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
+import re
 import shutil
 import tempfile
 import time
@@ -101,20 +106,22 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     they load the cache instead of all preparing the same data at once.
     """
     timer = _Timer()
-    key = _source_key(cfg)
+    source = _source_key(cfg)  # None for the remote hub, whose files cannot be stat'ed
     with timer("load cached"):
-        prepared = _load_prepared(cfg, key) if key else None
+        known = _read_source_note(cfg, source) if source else None
+        prepared = _load_prepared(cfg, known) if known else None
     if prepared is None:
         del timer.seconds["load cached"]
         with timer("load"):
             raw = {name: corpus.load_corpus(sub) for name, sub in corpus_configs(cfg).items()}
         with timer("clean"):
             corpora = {name: _clean(splits, _prefix(cfg, name)) for name, splits in raw.items()}
-        if key is None:  # a remote hub corpus: key on its text, now that it is loaded
-            key = _content_key(cfg, corpora)
-            prepared = _load_prepared(cfg, key)
+        key = _content_key(cfg, corpora)
+        prepared = _load_prepared(cfg, key)  # the same text, prepared before (copied, touched)
         if prepared is None:
             prepared = _build(cfg, key, raw, corpora, timer)
+        if source:
+            _write_source_note(cfg, source, key)
     if prepared.from_cache:
         log.info("reusing prepared data %s", prepared.path)
     with timer("batching"):  # batching settings are not part of the cache key
@@ -268,13 +275,22 @@ _KEY_FIELDS = (
 )  # fmt: skip
 
 
-def _settings(cfg: DataConfig) -> str:
-    settings = {k: v for k, v in asdict(cfg).items() if k in _KEY_FIELDS}
+# Where the text comes from, not what it is: left out of the key of the text itself.
+_LOCATION_FIELDS = (
+    "root", "train_src", "train_tgt", "dev_src", "dev_tgt", "hub_id", "hub_config",
+    "hub_revision", "hub_local_dir",
+)  # fmt: skip
+
+
+def _settings(cfg: DataConfig, location: bool = True) -> str:
+    fields = _KEY_FIELDS if location else tuple(f for f in _KEY_FIELDS if f not in _LOCATION_FIELDS)
+    settings = {k: v for k, v in asdict(cfg).items() if k in fields}
     return json.dumps([_PIPELINE_VERSION, TOKENIZER_RECIPE, settings], sort_keys=True)
 
 
 def _source_key(cfg: DataConfig) -> str | None:
-    """Cache key from the settings and each corpus file's path, size and mtime."""
+    """The settings and each corpus file's path, size and mtime, hashed: which prepared
+    data these files held when last read is noted under it (`source-<key>`)."""
     stamps = []
     for sub in corpus_configs(cfg).values():
         files = corpus.corpus_files(sub)
@@ -288,10 +304,28 @@ def _source_key(cfg: DataConfig) -> str | None:
     return hashlib.sha256(json.dumps([_settings(cfg), stamps]).encode()).hexdigest()[:16]
 
 
+def _read_source_note(cfg: DataConfig, source: str) -> str | None:
+    note = project_path(cfg.cache_dir) / f"source-{source}"
+    try:
+        key = note.read_text().strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return key if re.fullmatch(r"[0-9a-f]{16}", key) else None  # anything else: read the files
+
+
+def _write_source_note(cfg: DataConfig, source: str, key: str) -> None:
+    note = project_path(cfg.cache_dir) / f"source-{source}"
+    tmp = note.with_name(f".{note.name}.{os.getpid()}")
+    tmp.write_text(key + "\n")
+    tmp.replace(note)  # atomic: a reader sees the old note or the new one
+
+
 def _content_key(cfg: DataConfig, corpora: dict[str, tuple[dict[str, Pairs], dict]]) -> str:
+    """The cache key: the cleaned text of every split and the settings that change what is
+    made of it (not where the files are)."""
     digests = {f"{name}/{split}": corpus.digest(p)
                for name, (splits, _) in corpora.items() for split, p in splits.items()}
-    return hashlib.sha256(json.dumps([_settings(cfg), digests]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([_settings(cfg, location=False), digests]).encode()).hexdigest()[:16]
 
 
 def _save_prepared(

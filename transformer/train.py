@@ -12,6 +12,7 @@ import logging
 import time
 from pathlib import Path
 
+import datasets
 import hydra
 import torch
 import torch.distributed as dist
@@ -83,6 +84,8 @@ def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, devic
         keep_large_blocks_in_the_heap()
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
+    if not (cfg.trainer.progress and dist_info.is_main):
+        datasets.disable_progress_bars()  # the encoding bars too, in a log file under nohup
     # Rank 0 builds the vocabulary and encoded corpus first; the others then hit its cache.
     if not dist_info.is_main:
         dist.barrier()
