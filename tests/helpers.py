@@ -27,7 +27,7 @@ DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_
 
 def shared_cache() -> Path:
     """One prepared-data cache for the whole test session (conftest.py sets it): entries are
-    keyed by the corpus files and every setting that shapes them, so tests that prepare
+    keyed by the corpus text and every setting that shapes it, so tests that prepare
     the same data reuse it and tests that prepare other data do not see it."""
     return Path(os.environ["MT_TEST_DATA_CACHE"])
 

@@ -450,9 +450,31 @@ def test_a_copied_or_touched_corpus_finds_its_cache_by_its_text(tmp_path, monkey
     assert copied.from_cache and copied.path == first.path and len(reads) == 2
     assert copied.train["src_ids"] == first.train["src_ids"]
 
-    for note in (tmp_path / "cache").glob("source-*"):
+    blank = tmp_path / "blank"  # one more pair, empty: the same text once cleaned
+    write_plain_pair(blank, "train", [*sample_pairs("train")[0], ""], [*sample_pairs("train")[1], ""])
+    write_plain_pair(blank, "dev", *sample_pairs("dev"))
+    found = prepare_data(files_cfg(blank))
+    assert found.from_cache and found.path == first.path and len(reads) == 3
+    assert found.stats["raw_pairs"]["train"] == first.stats["raw_pairs"]["train"] + 1  # its own counts
+    assert found.stats["dropped"]["train"]["empty"] == first.stats["dropped"]["train"]["empty"] + 1
+
+    notes = list((tmp_path / "cache").glob("source-*"))
+    assert len(notes) == 4  # the files as first written, touched, copied, with a blank line
+    for note in notes:
         note.write_text("not a key\n")  # a damaged note: the files are read again
-    assert prepare_data(files_cfg(copy)).from_cache and len(reads) == 3
+    assert prepare_data(files_cfg(copy)).from_cache and len(reads) == 4
+
+
+def test_a_note_that_cannot_be_written_only_costs_a_read_next_time(tmp_path, monkeypatch, caplog) -> None:
+    def full_disk(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(data_module, "atomic_write", full_disk)
+    train = write_plain_pair(tmp_path / "c", "train", *sample_pairs("train"))
+    cfg = make_cfg(tmp_path, name="files", train_src=str(train[0]), train_tgt=str(train[1]))
+    first = prepare_data(cfg)
+    assert not first.from_cache and "could not write" in caplog.text and "No space left" in caplog.text
+    assert prepare_data(cfg).from_cache  # found by its text
 
 
 # --- batching ------------------------------------------------------------------------

@@ -179,7 +179,8 @@ def read_pair_file(src: str | None, tgt: str | None, cfg: DataConfig) -> Pairs:
 
 
 def corpus_files(cfg: DataConfig) -> dict[str, list[Path]] | None:
-    """The local files each split is read from (their stats key the prepared-data cache).
+    """The local files each split is read from (their path, size and mtime find the
+    prepared data without reading them: `data._source_key`).
 
     None for a corpus on the remote hub, whose files cannot be stat'ed.
     """

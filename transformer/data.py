@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -35,7 +34,13 @@ from transformer.batching import batching_statistics, token_lengths
 from transformer.config import DataConfig
 from transformer.corpus import DataError, Pairs, project_path
 from transformer.mixing import CorpusMixture, mix_sample
-from transformer.tokenizer import TOKENIZER_RECIPE, Tokenizer, iter_sides, load_or_train_tokenizer
+from transformer.tokenizer import (
+    TOKENIZER_RECIPE,
+    Tokenizer,
+    atomic_write,
+    iter_sides,
+    load_or_train_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +125,8 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         prepared = _load_prepared(cfg, key)  # the same text, prepared before (copied, touched)
         if prepared is None:
             prepared = _build(cfg, key, raw, corpora, timer)
+        else:  # the raw files may differ (blank lines, CRLF): count what these ones held
+            _count_raw(cfg, raw, corpora, prepared.stats)
         if source:
             _write_source_note(cfg, source, key)
     if prepared.from_cache:
@@ -142,11 +149,8 @@ def _build(cfg: DataConfig, key: str, raw: dict[str, dict[str, Pairs]],
            ) -> PreparedData:
     """Vocabulary, encoding, length filters; saved under the cache key and reopened."""
     cleaned = {name: splits for name, (splits, _) in corpora.items()}
-    stats: dict = {"raw_pairs": {}, "dropped": {}}
-    for name, (_, dropped) in corpora.items():
-        for split, pairs in raw[name].items():
-            stats["raw_pairs"][f"{split}{_prefix(cfg, name)}"] = len(pairs)
-            stats["dropped"][f"{split}{_prefix(cfg, name)}"] = dropped[split]
+    stats: dict = {}
+    _count_raw(cfg, raw, corpora, stats)
     with timer("vocabulary"):
         tokenizer, spm_path = _tokenizer(cfg, {name: s["train"] for name, s in cleaned.items()})
     encoded: dict[str, datasets.Dataset] = {}
@@ -167,6 +171,17 @@ def _build(cfg: DataConfig, key: str, raw: dict[str, dict[str, Pairs]],
     assert prepared is not None
     prepared.from_cache = False
     return prepared
+
+
+def _count_raw(cfg: DataConfig, raw: dict[str, dict[str, Pairs]],
+               corpora: dict[str, tuple[dict[str, Pairs], dict[str, dict[str, int]]]], stats: dict) -> None:
+    """Record in `stats` each split's pairs as read and those cleaning dropped (the length
+    filters add theirs to the same `dropped` entries)."""
+    for name, (_, dropped) in corpora.items():
+        for split, pairs in raw[name].items():
+            label = f"{split}{_prefix(cfg, name)}"
+            stats.setdefault("raw_pairs", {})[label] = len(pairs)
+            stats.setdefault("dropped", {}).setdefault(label, {}).update(dropped[split])
 
 
 def _tokenizer(cfg: DataConfig, trains: dict[str, Pairs]) -> tuple[Tokenizer, Path]:
@@ -308,16 +323,17 @@ def _read_source_note(cfg: DataConfig, source: str) -> str | None:
     note = project_path(cfg.cache_dir) / f"source-{source}"
     try:
         key = note.read_text().strip()
-    except (FileNotFoundError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):  # none yet, or unreadable: read the files
         return None
     return key if re.fullmatch(r"[0-9a-f]{16}", key) else None  # anything else: read the files
 
 
 def _write_source_note(cfg: DataConfig, source: str, key: str) -> None:
     note = project_path(cfg.cache_dir) / f"source-{source}"
-    tmp = note.with_name(f".{note.name}.{os.getpid()}")
-    tmp.write_text(key + "\n")
-    tmp.replace(note)  # atomic: a reader sees the old note or the new one
+    try:
+        atomic_write(note, f"{key}\n".encode())  # a reader sees the old note or the new one
+    except OSError as e:  # only a shortcut: a read-only or full cache still serves this run
+        log.warning("could not write %s (%s): the corpus files will be read again next time", note, e)
 
 
 def _content_key(cfg: DataConfig, corpora: dict[str, tuple[dict[str, Pairs], dict]]) -> str:

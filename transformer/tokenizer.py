@@ -61,7 +61,7 @@ class Tokenizer:
         return hashlib.sha256(self.proto).hexdigest()[:16]
 
     def save(self, path: str | os.PathLike) -> None:
-        _atomic_write(Path(path), self.proto)
+        atomic_write(Path(path), self.proto)
 
     @property
     def vocab_size(self) -> int:
@@ -228,7 +228,7 @@ def load_or_train_tokenizer(
     return tokenizer, path
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write via a temporary file and rename, so concurrent ranks never read half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
