@@ -16,6 +16,7 @@ import pytest
 import torch
 from huggingface_hub.utils import parse_hf_uri
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from transformer import corpus
 from transformer import data as data_module
@@ -632,3 +633,29 @@ def test_full_tatoeba_prepare(tmp_path) -> None:
     start = time.perf_counter()
     assert prepare_data(cfg).from_cache
     assert time.perf_counter() - start < 10
+
+
+def test_relative_corpus_paths_resolve_against_the_working_directory(tmp_path):
+    """From any directory, as every command-line tool; mt-train's saved config.yaml names
+    the files absolutely, so it means the same from anywhere."""
+    src, tgt = read_lines(SAMPLE / "train.it")[:60], read_lines(SAMPLE / "train.en")[:60]
+    write_lines(tmp_path / "plain.it", src)
+    write_lines(tmp_path / "tr.en", tgt)
+    common = ["data=files", "data.train_src=plain.it", "data.train_tgt=tr.en", "data.spm_vocab_size=100",
+              f"data.cache_dir={tmp_path / 'cache'}"]
+    prep = subprocess.run([sys.executable, "-m", "transformer.prepare", *common], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    train = subprocess.run(
+        [sys.executable, "-m", "transformer.train", *common, "debug=default", "trainer.max_steps=1",
+         "trainer.progress=false", "trainer.run_dir=run"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300)
+    assert train.returncode == 0, train.stderr[-2000:]
+    saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert saved.data.train_src == str(tmp_path / "plain.it")
+    assert saved.data.train_tgt == str(tmp_path / "tr.en")
+    missing = subprocess.run([sys.executable, "-m", "transformer.prepare", "data=files",
+                              "data.train_src=nowhere.it", "data.train_tgt=tr.en"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert missing.stderr.strip().splitlines()[-1] == (
+        f"mt-prepare: error: corpus file not found: {tmp_path / 'nowhere.it'}")

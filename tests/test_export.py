@@ -450,3 +450,17 @@ def test_mt_export_then_mt_translate_and_mt_evaluate(tokenizer, lines, tmp_path,
     hyps = read_lines(tmp_path / "eval" / "dev.it.greedy.hyp")
     assert hyps == decoding.translate_lines(model, tokenizer, read_lines(SAMPLE / "dev.it")[:12],
                                             DecodeConfig(method="greedy"))
+
+
+@pytest.mark.parametrize("size", [0, 100, 3000])
+def test_a_truncated_model_bin_is_one_line_naming_the_export(pair, tmp_path, monkeypatch, size):
+    _, ct2 = pair
+    for f in ct2.path.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "model.bin").write_bytes((ct2.path / "model.bin").read_bytes()[:size])
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={tmp_path}", "input.text=Ciao"])
+    with pytest.raises(SystemExit) as info:
+        translate.main()
+    msg = str(info.value.code)
+    assert msg.startswith(f"mt-translate: error: export {tmp_path} is corrupt or incomplete (")
+    assert msg.endswith("export the checkpoint again with mt-export") and "\n" not in msg

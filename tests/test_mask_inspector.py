@@ -308,3 +308,18 @@ def test_configs_masks_yaml_mirrors_the_dataclass():
     assert to_dataclass(masks_cli.MasksConfig, cfg).sentences == SENTENCES
     with pytest.raises(ConfigError, match=r"^sentences=\[\]: give one or more"):
         to_dataclass(masks_cli.MasksConfig, compose_cfg(config="masks"))
+
+
+def test_a_cut_source_and_an_empty_translation_are_told(checkpoint, monkeypatch, tmp_path):
+    """A 600-word sentence meets the positional table: the refusal says what happened."""
+    monkeypatch.chdir(tmp_path)
+    long = " ".join(["parola"] * 600)
+    monkeypatch.setattr(sys, "argv", ["mt-masks", f"checkpoint={checkpoint}", f"sentences=[{long}]",
+                                      "translations=['']", "query=1"])
+    with pytest.raises(SystemExit) as info:
+        masks_cli.main()
+    assert info.value.code == (
+        "mt-masks: error: query=1: decoder_self has 1 query rows in this batch (0 to 0); "
+        "sentence 0: its 3000 source tokens were cut to the first 64, the rows of the model's "
+        "positional table (model.max_positions); sentence 0: the translation is empty, so the "
+        "target is <s> alone")

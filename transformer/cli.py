@@ -25,10 +25,13 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer.checkpoint import CheckpointError
 from transformer.config import PROJECT_ROOT, ConfigError, to_dataclass
 from transformer.corpus import DataError
+from transformer.divergence import TrainingDiverged
 
 CONFIG_PATH = str(PROJECT_ROOT / "configs")  # absolute: see the note in `hydra_main` users
-# User errors: bad settings, bad data, bad checkpoints, files that cannot be read or written.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, OmegaConfBaseException, OSError, ValueError)
+# User errors: bad settings, bad data, bad checkpoints, files that cannot be read or written,
+# a learning rate that makes training diverge.
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingDiverged, OmegaConfBaseException,
+               OSError, ValueError)
 TRACEBACK_ENV = "MT_TRACEBACK"
 
 C = TypeVar("C")

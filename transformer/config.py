@@ -9,14 +9,15 @@ setting is refused, naming its key, before any work starts.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent  # relative paths in configs resolve here
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # data.root and data.cache_dir resolve here
 CONFIG_DIR = PROJECT_ROOT / "configs"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
@@ -97,7 +98,9 @@ class DataConfig:
     # name=mix: the corpora trained on together, each with its weight: the share of training
     # pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}
     corpora: dict[str, float] = field(default_factory=dict)
-    root: str = "../shared/data"  # relative paths resolve against the project root
+    # The project's folders, root and cache_dir, resolve against the project root; the
+    # user's files (train_src ... hub_local_dir) against the working directory.
+    root: str = "../shared/data"
     src_lang: str = "it"
     tgt_lang: str = "en"
     # data=files: plain-text pair (train_src/train_tgt), or one TSV / JSONL in train_src
@@ -205,9 +208,13 @@ class TrainerConfig:
     save_every: int | None = None  # default: at every validation
     num_threads: int | None = None  # torch.set_num_threads on CPU
     progress: bool = True
+    # Skipped updates (inf/NaN loss or gradients) in a row before the run stops as diverged
+    # (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept.
+    diverge_after: int = 5
 
     def validate(self, prefix: str = "trainer") -> None:
-        for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens"):
+        for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens",
+                     "diverge_after"):
             _positive(f"{prefix}.{name}", getattr(self, name))
         for name in ("max_epochs", "val_bleu_sentences", "patience", "save_every", "num_threads"):
             _positive(f"{prefix}.{name}", getattr(self, name), optional=True)
@@ -287,6 +294,22 @@ def _check_device(key: str, device: str) -> None:
 T = TypeVar("T")
 
 
+def _check_finite(value: Any, key: str = "") -> None:
+    """Every float setting is a finite number: `optim.lr=inf` or `nan` slips past a range
+    check (`inf > 0`, and NaN compares false both ways), and trains nothing."""
+    if isinstance(value, float):
+        _require(math.isfinite(value), key, value, "must be a finite number")
+    elif is_dataclass(value):
+        for f in fields(value):
+            _check_finite(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{key}[{i}]")
+
+
 def to_dataclass(schema: type[T], cfg: DictConfig | dict[str, Any]) -> T:
     """Check a composed config against its dataclass and return the typed object.
 
@@ -295,6 +318,7 @@ def to_dataclass(schema: type[T], cfg: DictConfig | dict[str, Any]) -> T:
     """
     merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
     obj = OmegaConf.to_object(merged)
+    _check_finite(obj)
     if hasattr(obj, "validate"):
         obj.validate()  # type: ignore[union-attr]
     return obj  # type: ignore[return-value]

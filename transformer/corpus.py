@@ -64,9 +64,20 @@ class Pairs:
 
 
 def project_path(path: str | os.PathLike) -> Path:
-    """A path relative to the project root (not the CWD, which Hydra and pytest change)."""
+    """A path to the project's own folders (`data.root`, `data.cache_dir`, the sample
+    corpus): relative, it is under the project root, wherever the command runs."""
     path = Path(path).expanduser()
     return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+# The DataConfig keys that name the user's own files (resolved with `user_path`).
+USER_PATH_KEYS = ("train_src", "train_tgt", "dev_src", "dev_tgt", "hub_local_dir")
+
+
+def user_path(path: str | os.PathLike) -> Path:
+    """A path the user names (a corpus file, a local hub mirror, a test set): relative, it
+    is under the working directory, as for every command-line tool."""
+    return Path(path).expanduser().absolute()
 
 
 # --- reading files -------------------------------------------------------------------
@@ -165,14 +176,14 @@ def read_pair_file(src: str | None, tgt: str | None, cfg: DataConfig) -> Pairs:
     """A TSV or JSONL file (recognised by its extension), or a pair of plain-text files."""
     if src is None:
         raise DataError("data=files needs train_src (and train_tgt for plain-text pairs)")
-    src_path = project_path(src)
+    src_path = user_path(src)
     if text_format(src_path) == ".tsv":
         return read_tsv(src_path)
     if text_format(src_path) in (".jsonl", ".json"):
         return read_jsonl(src_path, cfg.src_lang, cfg.tgt_lang)
     if tgt is None:
         raise DataError(f"{src_path} is a plain-text file: its target file must be given too")
-    return read_parallel(src_path, project_path(tgt))
+    return read_parallel(src_path, user_path(tgt))
 
 
 # --- corpora -------------------------------------------------------------------------
@@ -191,14 +202,14 @@ def corpus_files(cfg: DataConfig) -> dict[str, list[Path]] | None:
         return {split: [find_text(folder / f"{split}.{s}"), find_text(folder / f"{split}.{t}")]
                 for split in ("train", "dev")}
     if cfg.name == "files":
-        files = {"train": [project_path(p) for p in (cfg.train_src, cfg.train_tgt) if p]}
+        files = {"train": [user_path(p) for p in (cfg.train_src, cfg.train_tgt) if p]}
         if cfg.dev_src:
-            files["dev"] = [project_path(p) for p in (cfg.dev_src, cfg.dev_tgt) if p]
+            files["dev"] = [user_path(p) for p in (cfg.dev_src, cfg.dev_tgt) if p]
         return files
     if cfg.name in HUB_DEFAULTS:
         if not cfg.hub_local_dir:
             return None
-        base = project_path(cfg.hub_local_dir) / _hub_settings(cfg)[1]
+        base = user_path(cfg.hub_local_dir) / _hub_settings(cfg)[1]
         return {"parquet": sorted(base.rglob("*.parquet"))}  # only for the cache key
     raise DataError(f"unknown corpus {cfg.name!r}: tatoeba | europarl | iwslt2017 | opus100 | files | sample")
 
@@ -259,7 +270,7 @@ def hub_data_files(cfg: DataConfig, split: str) -> list[str]:
     """
     hub_id, config, revision = _hub_settings(cfg)
     if cfg.hub_local_dir:
-        base = f"{project_path(cfg.hub_local_dir)}/{config}"
+        base = f"{user_path(cfg.hub_local_dir)}/{config}"
     else:  # a revision such as refs/convert/parquet is URL-encoded inside an hf:// path
         base = f"hf://datasets/{hub_id}@{quote(revision, safe='')}/{config}"
     name = HUB_SPLITS[split]

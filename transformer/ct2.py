@@ -164,12 +164,16 @@ class CT2Model:
         self.threads = threads
         on_cpu = self.device.type == "cpu"
         self.sub_batch = CPU_SUB_BATCH_TOKENS if on_cpu else 0  # 0: the whole call at once
-        self.translator = ct2.Translator(str(self.path), device=self.device.type,
-                                         device_index=self.device.index or 0,
-                                         compute_type="default",
-                                         inter_threads=threads if on_cpu else 1,
-                                         intra_threads=1 if on_cpu else threads)
-        self.pieces: list[str] = json.loads((self.path / "shared_vocabulary.json").read_text())
+        try:
+            self.translator = ct2.Translator(str(self.path), device=self.device.type,
+                                             device_index=self.device.index or 0,
+                                             compute_type="default",
+                                             inter_threads=threads if on_cpu else 1,
+                                             intra_threads=1 if on_cpu else threads)
+            self.pieces: list[str] = json.loads((self.path / "shared_vocabulary.json").read_text())
+        except (RuntimeError, ValueError) as e:  # a truncated model.bin, a damaged JSON file
+            raise ConfigError(f"export {self.path} is corrupt or incomplete ({' '.join(str(e).split())}): "
+                              "export the checkpoint again with mt-export") from None
         self.piece_ids = {piece: i for i, piece in enumerate(self.pieces)}
         workers = f"{threads} workers x 1 thread" if on_cpu else f"{threads or 'default'} threads"
         self.engine = f"ctranslate2 {ct2.__version__}, {self.translator.compute_type}, {workers}"

@@ -32,7 +32,7 @@ import datasets
 from transformer import corpus
 from transformer.batching import batching_statistics, token_lengths
 from transformer.config import DataConfig
-from transformer.corpus import DataError, Pairs, project_path
+from transformer.corpus import DataError, Pairs, project_path, user_path
 from transformer.mixing import CorpusMixture, mix_sample
 from transformer.tokenizer import (
     TOKENIZER_RECIPE,
@@ -429,7 +429,7 @@ def load_test_set(name_or_paths: str, cfg: DataConfig) -> tuple[list[str], list[
         pairs = corpus.load_split(cfg, name_or_paths)
     elif "," in name_or_paths:
         src, ref = (p.strip() for p in name_or_paths.split(",", 1))
-        pairs = corpus.read_parallel(project_path(src), project_path(ref))
+        pairs = corpus.read_parallel(user_path(src), user_path(ref))
     else:
         raise DataError(
             f"unknown test set {name_or_paths!r}: {', '.join(corpus.EVAL_SETS)}, dev, test "

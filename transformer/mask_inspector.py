@@ -72,6 +72,7 @@ class InspectedBatch:
     translations: list[str]
     src: list[list[int]]  # ids of each sentence, no BOS/EOS: what collate takes
     tgt: list[list[int]]
+    notes: list[str] = field(default_factory=list)  # what was cut or is empty, for the reader
     batch: Batch = field(init=False)  # src_ids (B, S), tgt_in_ids (B, T), tgt_out_ids (B, T)
 
     def __post_init__(self) -> None:
@@ -98,19 +99,30 @@ def make_batch(
     (BOS takes a position). Raises ValueError for a sentence without tokens.
     """
     limit = sys.maxsize if max_positions is None else max_positions
-    src = encode_sources(tokenizer, sentences, limit)
-    tgt = encode_sources(tokenizer, translations, limit - 1)
-    for i, ids in enumerate(src):
-        if not ids:
+    full_src = encode_sources(tokenizer, sentences, sys.maxsize)
+    full_tgt = encode_sources(tokenizer, translations, sys.maxsize)
+    notes = []
+    for i, (s, t) in enumerate(zip(full_src, full_tgt, strict=True)):
+        if not s:
             raise ValueError(f"sentence {i} has no tokens: {sentences[i]!r}")
-    return InspectedBatch(tokenizer, list(sentences), list(translations), src, tgt)
+        if len(s) > limit:
+            notes.append(f"sentence {i}: its {len(s)} source tokens were cut to the first {limit}, "
+                         f"the rows of the model's positional table (model.max_positions)")
+        if len(t) > limit - 1:
+            notes.append(f"sentence {i}: its {len(t)} target tokens were cut to the first {limit - 1} "
+                         "(<s> takes a position)")
+        if not t:
+            notes.append(f"sentence {i}: the translation is empty, so the target is <s> alone")
+    return InspectedBatch(tokenizer, list(sentences), list(translations),
+                          [s[:limit] for s in full_src], [t[: limit - 1] for t in full_tgt], notes)
 
 
 def with_filler_pair(inspected: InspectedBatch) -> InspectedBatch:
     """The same batch plus a last pair with an empty source and target, as a filler row: its
     source row is all padding, so no query of its encoder self-attention has a key."""
     return InspectedBatch(inspected.tokenizer, [*inspected.sentences, ""],
-                          [*inspected.translations, ""], [*inspected.src, []], [*inspected.tgt, []])
+                          [*inspected.translations, ""], [*inspected.src, []], [*inspected.tgt, []],
+                          inspected.notes)
 
 
 def model_masks(batch: Batch) -> dict[str, torch.Tensor]:

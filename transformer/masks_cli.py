@@ -131,6 +131,7 @@ def format_batch(inspected: InspectedBatch) -> list[str]:
              f"   every row is padded to the longest with <pad> (id {batch.pad_id}).",
              f"   src_ids {tuple(batch.src_ids.shape)}, tgt_in_ids {tuple(batch.tgt_in_ids.shape)}, "
              f"tgt_out_ids {tuple(batch.tgt_out_ids.shape)}"]
+    lines += [f"   Note: {note}." for note in inspected.notes]
     for b, (src, tgt) in enumerate(zip(inspected.sentences, inspected.translations)):
         lines += ["", f"sentence {b}: {src} -> {tgt}"]
         for name in ("src_ids", "tgt_in_ids", "tgt_out_ids"):
@@ -269,8 +270,9 @@ def check_choices(cfg: MasksConfig, inspected: InspectedBatch, model) -> None:
     """query, head and layer against this batch and this model."""
     batch = inspected.batch
     n = batch.src_ids.size(1) if cfg.attention == "encoder_self" else batch.tgt_in_ids.size(1)
+    why = "".join(f"; {note}" for note in inspected.notes)
     _require(cfg.query < n, "query", cfg.query,
-             f"{cfg.attention} has {n} query rows in this batch (0 to {n - 1})")
+             f"{cfg.attention} has {n} query rows in this batch (0 to {n - 1}){why}")
     if model is None:
         return
     _require(cfg.head < model.cfg.n_heads, "head", cfg.head,

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer import cli
 from transformer.checkpoint import CheckpointError
 from transformer.config import TrainConfig, to_dataclass
+from transformer.corpus import USER_PATH_KEYS, user_path
 from transformer.data import prepare_data
 from transformer.model import build_model, count_parameters
 from transformer.rundir import RunDir, check_resumable, open_run_dir, remove_new_empty_dirs
@@ -119,7 +120,8 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
     configs/train.yaml makes `hydra.run.dir` follow `trainer.run_dir`, and a sweep
     (`mt-train -m ...`) give each job the subdirectory `hydra.sweep.subdir` of
     `hydra.sweep.dir`, so that no two jobs share checkpoints; setting `hydra.run.dir` or
-    `hydra.sweep.dir` directly is honoured too.
+    `hydra.sweep.dir` directly is honoured too. The user's corpus paths are made
+    absolute (against the working directory), so the saved config names the same files.
     """
     hydra = HydraConfig.get()
     if hydra.mode == RunMode.MULTIRUN:
@@ -127,6 +129,10 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
     else:
         run_dir = hydra.run.dir
     OmegaConf.update(hydra_cfg, "trainer.run_dir", run_dir)
+    for key in USER_PATH_KEYS:  # absolute in config.yaml: meaningful from any directory
+        value = OmegaConf.select(hydra_cfg, f"data.{key}")
+        if value:
+            OmegaConf.update(hydra_cfg, f"data.{key}", str(user_path(value)))
     return to_dataclass(TrainConfig, hydra_cfg), OmegaConf.to_yaml(hydra_cfg, resolve=True)
 
 

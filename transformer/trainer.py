@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from transformer import checkpoint as ckpt
 from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
 from transformer.config import TrainConfig
 from transformer.data import PreparedData
+from transformer.divergence import DivergenceGuard, TrainingDiverged, nonfinite_parameters
 from transformer.loss import batch_loss
 from transformer.model import Transformer
 from transformer.optim import build_optimizer, build_scheduler
@@ -109,6 +112,7 @@ class Trainer:
             self.net = torch.compile(self.net)
         self.writer = SummaryWriter(str(self.run_dir / "tb")) if dist_info.is_main else None
         self.stop_signal: int | None = None
+        self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision)
 
     # ---- state ----------------------------------------------------------------------
     def trainer_state(self) -> dict:
@@ -159,6 +163,7 @@ class Trainer:
                  self.state.epoch, self.state.batch_index)
 
     def save(self, name: str, with_state: bool = True) -> Path | None:
+        self._check_weights()
         if not self.dist.is_main:
             return None
         meta = {"step": self.state.step, "epoch": self.state.epoch,
@@ -259,49 +264,73 @@ class Trainer:
         window = LogWindow()
         early_stop = interrupted = False
         first_step = s.step
-        while s.step < tc.max_steps:
-            t0 = time.perf_counter()
-            micro = [next(stream) for _ in range(tc.accum_steps)]
-            epoch, index, _ = micro[-1]
-            if tc.max_epochs is not None and epoch >= tc.max_epochs:
-                break
-            if tc.max_hours is not None and s.train_seconds >= tc.max_hours * 3600:
-                log.info("max_hours=%s reached at step %d", tc.max_hours, s.step)
-                break
-            metrics = self.train_step([b for _, _, b in micro])
-            s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
-            s.train_seconds += time.perf_counter() - t0
-            window.add(metrics)
-            if not metrics["applied"]:
-                continue
-            bar.update(1)
-            if s.step % tc.log_every == 0:
-                self._log_train(window.summary(self.dist.world_size), metrics, bar, epoch)
-                window.reset()
-            if s.step % tc.val_every == 0:
-                early_stop = self._validate_and_save()
-            elif tc.save_every and s.step % tc.save_every == 0:
-                self.save(f"step_{s.step}")
-            early_stop, interrupted = self._agree(early_stop, self.stop_signal is not None)
-            if early_stop or interrupted:
-                break
-        if interrupted:
-            log.warning("interrupted: saving a checkpoint at step %d and exiting", s.step)
-        saved = ckpt.step_checkpoints(self.run_dir)
-        last_saved = bool(saved) and saved[-1].name == f"step_{s.step}"
-        if interrupted:
-            if not last_saved:
-                self.save(f"step_{s.step}")
-        elif not last_saved or (s.step > first_step and s.step % tc.val_every != 0):
-            # the last update is validated too, so that `best` can be the final weights
-            # (max_steps=3250 with val_every=500 and save_every=250 saved step_3250 unscored)
-            self._validate_and_save()
-        bar.close()
-        if self.writer is not None:
-            self.writer.close()
+        try:
+            while s.step < tc.max_steps:
+                t0 = time.perf_counter()
+                micro = [next(stream) for _ in range(tc.accum_steps)]
+                epoch, index, _ = micro[-1]
+                if tc.max_epochs is not None and epoch >= tc.max_epochs:
+                    break
+                if tc.max_hours is not None and s.train_seconds >= tc.max_hours * 3600:
+                    log.info("max_hours=%s reached at step %d", tc.max_hours, s.step)
+                    break
+                metrics = self.train_step([b for _, _, b in micro])
+                s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
+                s.train_seconds += time.perf_counter() - t0
+                if math.isfinite(metrics["loss_sum"]):
+                    window.add(metrics)
+                # A skipped update advances nothing below, but is counted, and the stop
+                # signal is still heeded: a run that only skips would never end otherwise.
+                self.guard.check(s.step, metrics, self.scaler.get_scale() if self.scaler.is_enabled() else None)
+                if metrics["applied"]:
+                    early_stop = self._after_update(window, metrics, bar, epoch)
+                early_stop, interrupted = self._agree(early_stop, self.stop_signal is not None)
+                if early_stop or interrupted:
+                    break
+            if interrupted:
+                log.warning("interrupted: saving a checkpoint at step %d and exiting", s.step)
+            saved = ckpt.step_checkpoints(self.run_dir)
+            last_saved = bool(saved) and saved[-1].name == f"step_{s.step}"
+            if interrupted:
+                if not last_saved:
+                    self.save(f"step_{s.step}")
+            elif not last_saved or (s.step > first_step and s.step % tc.val_every != 0):
+                # the last update is validated too, so that `best` can be the final weights
+                # (max_steps=3250 with val_every=500 and save_every=250 saved step_3250 unscored)
+                self._validate_and_save()
+        except TrainingDiverged as e:
+            saved = ckpt.step_checkpoints(self.run_dir)
+            kept = f"the last checkpoint, {saved[-1]}, is kept" if saved else "no checkpoint was written"
+            raise TrainingDiverged(f"{e}; {kept}") from None
+        finally:
+            bar.close()
+            if self.writer is not None:
+                self.writer.close()
         return s
 
+    def _after_update(self, window: LogWindow, metrics: dict[str, float], bar: tqdm, epoch: int) -> bool:
+        """Log, validate and save as the schedule says after an applied update; True:
+        stop early (patience ran out)."""
+        s, tc = self.state, self.tc
+        bar.update(1)
+        if s.step % tc.log_every == 0:
+            self._log_train(window.summary(self.dist.world_size), metrics, bar, epoch)
+            window.reset()
+        if s.step % tc.val_every == 0:
+            return self._validate_and_save()
+        if tc.save_every and s.step % tc.save_every == 0:
+            self.save(f"step_{s.step}")
+        return False
+
+    def _check_weights(self) -> None:
+        """Weights that turned inf or NaN (an applied update with an infinite learning
+        rate) are neither validated nor saved: the run stops as diverged."""
+        bad = nonfinite_parameters(self.model)
+        if bad:
+            raise self.guard.weights_diverged(self.state.step, bad)
+
     def _validate_and_save(self) -> bool:
+        self._check_weights()
         stop = False
         if self.dist.is_main:
             stop = self._after_validation(self.validate())
@@ -339,8 +368,17 @@ class Trainer:
             w.add_scalar("train/gpu_mem_gb", torch.cuda.max_memory_allocated(self.device) / 2**30, step)
 
     def _install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM finish the current update, save a checkpoint and exit cleanly."""
+        """SIGINT/SIGTERM finish the current update, save a checkpoint and exit cleanly; a
+        second one while the first waits ends the process at once, saving nothing (a
+        checkpoint being written then stays a leftover the next start clears away)."""
         def handler(signum, frame):
+            name = signal.Signals(signum).name
+            if self.stop_signal is not None:
+                print(f"mt-train: second {name}: stopping now without saving; the checkpoints "
+                      f"in {self.run_dir / 'checkpoints'} are as they were", file=sys.stderr, flush=True)
+                os._exit(128 + signum)
             self.stop_signal = signum
+            print(f"mt-train: {name}: finishing this update, then saving a checkpoint; send it "
+                  "again to stop at once without saving", file=sys.stderr, flush=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, handler)

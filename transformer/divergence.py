@@ -1,0 +1,78 @@
+"""Telling a diverged run from a skipped update: the trainer's guard against NaN and inf.
+
+An update whose gradients hold inf or NaN is skipped (never applied). One such update is
+noise (a bad batch; fp16's loss scaler finding its range); several in a row mean the
+weights or the learning rate went wrong, and no later update will be finite again: the
+run would skip updates forever. `DivergenceGuard` counts them and, past
+`trainer.diverge_after`, ends the run with one line that says what happened and which
+setting to change.
+
+What it looked like before this guard (README, "Errors and recovery"): with
+`optim.lr=1e10` the first update drives the weights to ~1e9, every later loss is NaN,
+every update is skipped in 20-60 ms (no single op stalls), and since only applied
+updates advance the step, log, validate or look at the stop signal, the loop never ended.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from transformer.config import OptimConfig
+
+# fp16 only: a skipped update lowers the loss scale, and overflow at the start of a run is
+# how GradScaler finds its range. Below this scale (fairseq's --min-loss-scale), the
+# gradients overflow without any scaling: those skips count as divergence.
+FP16_MIN_SCALE = 1e-4
+
+
+class TrainingDiverged(RuntimeError):
+    """Training produced non-finite losses, gradients or weights; the message says what to try."""
+
+
+def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters holding inf or NaN (one pass over the weights)."""
+    return [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+
+
+class DivergenceGuard:
+    """Counts consecutive skipped updates; `check` raises TrainingDiverged past the limit."""
+
+    def __init__(self, limit: int, optim: OptimConfig, precision: str) -> None:
+        self.limit, self.optim, self.precision = limit, optim, precision
+        self.in_a_row = 0
+
+    def check(self, step: int, metrics: dict[str, float], loss_scale: float | None) -> None:
+        """After an update: `step` is the number of updates applied, `metrics` the
+        trainer's (`applied`, `loss`, `grad_norm`), `loss_scale` fp16's scale."""
+        if metrics["applied"]:
+            self.in_a_row = 0
+            return
+        if self.precision == "fp16" and loss_scale is not None and loss_scale >= FP16_MIN_SCALE:
+            return  # the scaler is still finding its range
+        self.in_a_row += 1
+        if self.in_a_row >= self.limit:
+            loss, norm = metrics["loss"], metrics["grad_norm"]
+            what = (f"the loss is {loss}" if not math.isfinite(loss)
+                    else f"the gradient norm is {norm}")
+            raise TrainingDiverged(
+                f"training diverged after update {step}: {what} for {self.in_a_row} updates in a "
+                f"row (trainer.diverge_after={self.limit}); {self.advice()}")
+
+    def advice(self) -> str:
+        """Which settings to change, with their values now."""
+        o = self.optim
+        tips = [f"lower optim.lr (now {o.lr:g})", f"raise optim.warmup_steps (now {o.warmup_steps})"]
+        tips.append(f"lower optim.clip_norm (now {o.clip_norm:g})" if o.clip_norm > 0
+                    else "set optim.clip_norm=1 (clipping is off)")
+        if self.precision == "fp16":
+            tips.append("train in bf16 or fp32 (trainer.precision)")
+        return ", ".join(tips[:-1]) + f" or {tips[-1]}"
+
+    def weights_diverged(self, step: int, names: list[str]) -> TrainingDiverged:
+        """The error for weights that turned inf or NaN after update `step`."""
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return TrainingDiverged(
+            f"training diverged at update {step}: the weights hold inf or NaN ({shown}), so they "
+            f"are not validated or saved; {self.advice()}")
