@@ -72,3 +72,16 @@ def test_autocast_takes_only_resolved_precisions():
         pass
     with pytest.raises(ValueError, match="resolved precision"):
         autocast("auto", CPU)
+
+
+@pytest.mark.skipif(runtime._glibc() is None, reason="malloc_trim is glibc's")
+def test_the_heap_trimmer_gives_back_freed_memory_once_the_slack_is_used_up():
+    trim = runtime.HeapTrimmer(slack_gb=0.05)
+    assert not trim()  # sets the floor
+    blocks = [bytearray(64 * 1024) for _ in range(3200)]  # 200 MB of heap blocks
+    del blocks[::2]  # 100 MB of holes between live blocks: glibc keeps them
+    held = runtime.anonymous_memory()
+    assert trim() and trim.trims == 1
+    assert runtime.anonymous_memory() < held - 50 * 2**20
+    assert not trim()  # the slack starts again from what is held now
+    assert not runtime.HeapTrimmer(None)() and runtime.HeapTrimmer(None).libc is None

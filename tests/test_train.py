@@ -322,3 +322,10 @@ def test_validation_bleu_sample_spans_the_whole_dev_set():
     assert bleu_sample(30, None) == list(range(30)) == bleu_sample(30, 100)
     with pytest.raises(ValueError, match="val_bleu_sentences"):
         bleu_sample(30, 0)
+
+
+def test_training_on_cpu_trims_the_heap_and_logs_its_memory(tmp_path):
+    trainer = run(tmp_path / "run", "trainer.max_steps=5", "trainer.log_every=5", "trainer.heap_slack_gb=1e-9")
+    assert trainer.trim_heap.trims >= 1 or trainer.trim_heap.libc is None
+    (step, gb), = scalars(tmp_path / "run", "train/cpu_mem_gb")
+    assert step == 5 and 0.01 < gb < 20

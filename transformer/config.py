@@ -211,6 +211,9 @@ class TrainerConfig:
     # Skipped updates (inf/NaN loss or gradients) in a row before the run stops as diverged
     # (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept.
     diverge_after: int = 5
+    # CPU: free heap memory the process may keep before it is given back to the OS
+    # (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never
+    heap_slack_gb: float | None = 1.0
 
     def validate(self, prefix: str = "trainer") -> None:
         for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens",
@@ -218,8 +221,9 @@ class TrainerConfig:
             _positive(f"{prefix}.{name}", getattr(self, name))
         for name in ("max_epochs", "val_bleu_sentences", "patience", "save_every", "num_threads"):
             _positive(f"{prefix}.{name}", getattr(self, name), optional=True)
-        _require(self.max_hours is None or self.max_hours > 0, f"{prefix}.max_hours",
-                 self.max_hours, "must be > 0 (or null)")
+        for name in ("max_hours", "heap_slack_gb"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, f"{prefix}.{name}", value, "must be > 0 (or null)")
         _require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                  f"choose one of {', '.join(PRECISIONS)}")
         _check_device(f"{prefix}.device", self.device)

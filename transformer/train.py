@@ -81,10 +81,8 @@ def _check_model_config(run: RunDir, cfg: TrainConfig) -> None:
 def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, device) -> Trainer:
     if device.type == "cuda":
         enable_fast_cuda_math()
-    else:
-        keep_large_blocks_in_the_heap()
-        if cfg.trainer.num_threads:
-            torch.set_num_threads(cfg.trainer.num_threads)
+    elif cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
     if not (cfg.trainer.progress and dist_info.is_main):
         datasets.disable_progress_bars()  # the encoding bars too, in a log file under nohup
     # Rank 0 builds the vocabulary and encoded corpus first; the others then hit its cache.
@@ -93,6 +91,8 @@ def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, devic
     data = prepare_data(cfg.data)
     if dist_info.is_main and dist_info.world_size > 1:
         dist.barrier()
+    if device.type == "cpu":  # after the data: preparing it must not leave its peak behind
+        keep_large_blocks_in_the_heap()
     tok = data.tokenizer
     model_cfg = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
                                     bos_id=tok.bos_id, eos_id=tok.eos_id)

@@ -30,7 +30,7 @@ from transformer.loss import batch_loss
 from transformer.model import Transformer
 from transformer.optim import build_optimizer, build_scheduler
 from transformer.rundir import RunDirError
-from transformer.runtime import DistInfo, rng_state, set_rng_state
+from transformer.runtime import DistInfo, HeapTrimmer, anonymous_memory, rng_state, set_rng_state
 from transformer.validation import DevResult, Validator
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class Trainer:
         self.writer = SummaryWriter(str(self.run_dir / "tb")) if dist_info.is_main else None
         self.stop_signal: int | None = None
         self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision)
+        self.trim_heap = HeapTrimmer(self.tc.heap_slack_gb if device.type == "cpu" else None)
 
     # ---- state ----------------------------------------------------------------------
     def trainer_state(self) -> dict:
@@ -284,6 +285,7 @@ class Trainer:
                 self.guard.check(s.step, metrics, self.scaler.get_scale() if self.scaler.is_enabled() else None)
                 if metrics["applied"]:
                     early_stop = self._after_update(window, metrics, bar, epoch)
+                self.trim_heap()
                 early_stop, interrupted = self._agree(early_stop, self.stop_signal is not None)
                 if early_stop or interrupted:
                     break
@@ -334,6 +336,7 @@ class Trainer:
         stop = False
         if self.dist.is_main:
             stop = self._after_validation(self.validate())
+            self.trim_heap()  # decoding leaves holes of its own shapes
         self.save(f"step_{self.state.step}")
         return stop
 
@@ -366,6 +369,8 @@ class Trainer:
         w.add_scalar("train/epoch", self.state.epoch, step)
         if self.device.type == "cuda":
             w.add_scalar("train/gpu_mem_gb", torch.cuda.max_memory_allocated(self.device) / 2**30, step)
+        else:
+            w.add_scalar("train/cpu_mem_gb", anonymous_memory() / 2**30, step)
 
     def _install_signal_handlers(self) -> None:
         """SIGINT/SIGTERM finish the current update, save a checkpoint and exit cleanly; a
