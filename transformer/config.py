@@ -118,6 +118,10 @@ class DataConfig:
     max_len_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this
     max_train_pairs: int | None = None  # keep only the first N training pairs (debugging)
     # vocabulary (the model's vocab_size is then the tokenizer's size)
+    # An existing SentencePiece model (a .model file, or a checkpoint directory's
+    # tokenizer.model) to encode this data with, instead of training one: the spm_*
+    # settings are then unused. A fine-tuning run (trainer.init_from) uses its checkpoint's.
+    tokenizer: str | None = None
     spm_vocab_size: int = 8000  # pieces of the joint SentencePiece vocabulary
     spm_model_type: str = "unigram"  # unigram | bpe
     spm_character_coverage: float = 1.0
@@ -199,6 +203,9 @@ class TrainerConfig:
     # (configs/train.yaml: hydra.run.dir follows it; a sweep gives each job a subdirectory).
     run_dir: str = "runs/default"
     resume: str = "auto"  # auto: continue the run in run_dir, if any | never | <checkpoint dir>
+    # Fine-tuning: a new run starting from this checkpoint's weights, model config and
+    # tokenizer, with a fresh optimizer and schedule (transformer/finetune.py)
+    init_from: str | None = None
     log_every: int = 50
     val_every: int = 1000
     val_bleu_sentences: int | None = 500  # dev sentences (evenly spaced; null: all) decoded greedily at each validation

@@ -71,7 +71,7 @@ def project_path(path: str | os.PathLike) -> Path:
 
 
 # The DataConfig keys that name the user's own files (resolved with `user_path`).
-USER_PATH_KEYS = ("train_src", "train_tgt", "dev_src", "dev_tgt", "hub_local_dir")
+USER_PATH_KEYS = ("train_src", "train_tgt", "dev_src", "dev_tgt", "hub_local_dir", "tokenizer")
 
 
 def user_path(path: str | os.PathLike) -> Path:

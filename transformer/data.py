@@ -184,9 +184,32 @@ def _count_raw(cfg: DataConfig, raw: dict[str, dict[str, Pairs]],
             stats.setdefault("dropped", {}).setdefault(label, {}).update(dropped[split])
 
 
+def given_tokenizer(path: str) -> Tokenizer:
+    """The SentencePiece model `data.tokenizer` names: a .model file, or a checkpoint
+    directory's tokenizer.model. A missing or unreadable one is a DataError naming it."""
+    f = user_path(path)
+    if f.is_dir():
+        f = f / "tokenizer.model"
+    if not f.is_file():
+        raise DataError(f"data.tokenizer={path}: no SentencePiece model at {f}")
+    try:
+        return Tokenizer.load(f)
+    except Exception as e:
+        raise DataError(f"data.tokenizer={path}: {f} is not a SentencePiece model "
+                        f"({' '.join(str(e).split())})") from None
+
+
 def _tokenizer(cfg: DataConfig, trains: dict[str, Pairs]) -> tuple[Tokenizer, Path]:
-    """The joint vocabulary: trained on the corpus's sentences, or for a mix on a sample of
-    them balanced by the weights (cached under a digest of exactly that text)."""
+    """The joint vocabulary: `data.tokenizer`'s, or trained on the corpus's sentences, or
+    for a mix on a sample of them balanced by the weights (cached under a digest of
+    exactly that text)."""
+    if cfg.tokenizer:  # copied into the cache, which names its tokenizer by file name
+        tokenizer = given_tokenizer(cfg.tokenizer)
+        path = project_path(cfg.cache_dir) / f"spm-given-{tokenizer.digest}.model"
+        if not path.is_file():
+            atomic_write(path, tokenizer.proto)
+        log.info("encoding with the given tokenizer %s (%d pieces)", cfg.tokenizer, tokenizer.vocab_size)
+        return tokenizer, path
     spm = (cfg.spm_vocab_size, cfg.spm_model_type, cfg.spm_character_coverage, cfg.spm_input_sentence_size)
     if cfg.name != "mix":
         (train,) = trains.values()
@@ -300,6 +323,9 @@ _LOCATION_FIELDS = (
 def _settings(cfg: DataConfig, location: bool = True) -> str:
     fields = _KEY_FIELDS if location else tuple(f for f in _KEY_FIELDS if f not in _LOCATION_FIELDS)
     settings = {k: v for k, v in asdict(cfg).items() if k in fields}
+    if cfg.tokenizer:  # a given vocabulary: its content counts, not the spm_* settings
+        settings = {k: v for k, v in settings.items() if not k.startswith("spm_")}
+        settings["tokenizer"] = given_tokenizer(cfg.tokenizer).digest
     return json.dumps([_PIPELINE_VERSION, TOKENIZER_RECIPE, settings], sort_keys=True)
 
 

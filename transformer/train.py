@@ -20,8 +20,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from transformer import cli
-from transformer.checkpoint import CheckpointError
+from transformer import cli, finetune
+from transformer.checkpoint import CheckpointError, load_meta, load_model
 from transformer.config import TrainConfig, to_dataclass
 from transformer.corpus import USER_PATH_KEYS, user_path
 from transformer.data import prepare_data
@@ -47,6 +47,12 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
     the run directory (lock, leftovers, whose checkpoints), the model config against the
     checkpoint resumed, the precision on this device.
     """
+    parent = None
+    if cfg.trainer.init_from:  # checked before anything is made: a refused run leaves nothing
+        parent = finetune.parent_checkpoint(cfg.trainer.init_from, cfg.trainer.resume)
+        finetune.check_tokenizer_setting(cfg.trainer.init_from, cfg.data.tokenizer)
+        finetune.check_architecture(parent, cfg.model)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(parent)))
     dist_info, device = setup_distributed(cfg.trainer.device)
     cli.setup_logging(is_main=dist_info.is_main)
     # Rank 0 tidies the run directory (leftovers of a crash) before the others read it. If
@@ -62,7 +68,7 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
         precision, why = resolve_precision(cfg.trainer.precision, device)
         log.info("precision: %s (%s)", precision, why)
         cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, precision=precision))
-        return _train(cfg, run_config_yaml, run, dist_info, device)
+        return _train(cfg, run_config_yaml, run, dist_info, device, parent)
     finally:
         run.close()
 
@@ -78,7 +84,8 @@ def _check_model_config(run: RunDir, cfg: TrainConfig) -> None:
             continue
 
 
-def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, device) -> Trainer:
+def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, device,
+           parent: Path | None) -> Trainer:
     if device.type == "cuda":
         enable_fast_cuda_math()
     elif cfg.trainer.num_threads:
@@ -98,6 +105,10 @@ def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, devic
                                     bos_id=tok.bos_id, eos_id=tok.eos_id)
     seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
     model = build_model(model_cfg).to(device)
+    if parent is not None and not run.resume_from:  # a fine-tuning run's start; later, its own
+        model.load_state_dict(load_model(parent)[0].state_dict())
+        log.info("fine-tuning from %s (its step %s): its weights, a fresh optimizer and schedule",
+                 parent, load_meta(parent).get("step", "?"))
     log.info("model: %s parameters, %s", f"{count_parameters(model):,}", model_cfg)
     log.info("data: %d training pairs, %s, vocabulary %d", len(data.train),
              ", ".join(f"{len(ds)} {name} dev pairs" for name, ds in data.devs.items()), tok.vocab_size)
@@ -122,6 +133,9 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
     `hydra.sweep.dir`, so that no two jobs share checkpoints; setting `hydra.run.dir` or
     `hydra.sweep.dir` directly is honoured too. The user's corpus paths are made
     absolute (against the working directory), so the saved config names the same files.
+    A fine-tuning run (`trainer.init_from`) takes its model config from the checkpoint,
+    with the dropout rates the command line sets; any other `model.*` setting or a model
+    group on the command line is refused.
     """
     hydra = HydraConfig.get()
     if hydra.mode == RunMode.MULTIRUN:
@@ -129,10 +143,18 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
     else:
         run_dir = hydra.run.dir
     OmegaConf.update(hydra_cfg, "trainer.run_dir", run_dir)
-    for key in USER_PATH_KEYS:  # absolute in config.yaml: meaningful from any directory
-        value = OmegaConf.select(hydra_cfg, f"data.{key}")
+    keys = [f"data.{key}" for key in USER_PATH_KEYS] + ["trainer.init_from"]
+    for key in keys:  # absolute in config.yaml: meaningful from any directory
+        value = OmegaConf.select(hydra_cfg, key)
         if value:
-            OmegaConf.update(hydra_cfg, f"data.{key}", str(user_path(value)))
+            OmegaConf.update(hydra_cfg, key, str(user_path(value)))
+    init_from = OmegaConf.select(hydra_cfg, "trainer.init_from")
+    if init_from:  # the model is the checkpoint's, and only dropout may be overridden
+        parent = finetune.parent_checkpoint(init_from, hydra_cfg.trainer.resume)
+        explicit = {k: OmegaConf.select(hydra_cfg, f"model.{k}")
+                    for k in finetune.command_line_model_keys(list(hydra.overrides.task))}
+        model = finetune.model_from_parent(parent, explicit)
+        OmegaConf.update(hydra_cfg, "model", dataclasses.asdict(model), merge=False)
     return to_dataclass(TrainConfig, hydra_cfg), OmegaConf.to_yaml(hydra_cfg, resolve=True)
 
 

@@ -169,6 +169,8 @@ class Trainer:
             return None
         meta = {"step": self.state.step, "epoch": self.state.epoch,
                 "best_bleu": self.state.best_bleu, "train_seconds": self.state.train_seconds}
+        if self.tc.init_from:  # a fine-tuning run names the checkpoint it started from
+            meta["init_from"] = str(Path(self.tc.init_from).absolute())
         path = ckpt.save_checkpoint(
             self.run_dir / "checkpoints" / name, self.model, self.tokenizer,
             self.run_config_yaml, meta, self.trainer_state() if with_state else None)
