@@ -19,7 +19,8 @@ from transformer.masks_cli import MasksConfig
 from transformer.prepare import PrepareConfig
 from transformer.translate import TranslateConfig
 
-PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]
+PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "data" / "README.md",
+         *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]
 # command -> (Hydra config name, the dataclass it must fill)
 HYDRA_COMMANDS = {
     "mt-train": ("train", TrainConfig), "transformer.train": ("train", TrainConfig),

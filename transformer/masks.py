@@ -7,6 +7,7 @@ and is turned into scores in exactly one place (`attention.py`).
 Shapes: B batch, S source length, T target length, H heads (always 1 here, broadcast).
 
 Which mask goes where (Vaswani et al. 2017, section 3.2.3):
+
 - encoder self-attention: `src_key_mask` - every query may read every real source token.
 - decoder self-attention: `tgt_self_mask` - causal AND target key padding.
 - decoder cross-attention: `src_key_mask` again - every target position may read the

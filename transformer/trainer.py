@@ -291,17 +291,7 @@ class Trainer:
                 early_stop, interrupted = self._agree(early_stop, self.stop_signal is not None)
                 if early_stop or interrupted:
                     break
-            if interrupted:
-                log.warning("interrupted: saving a checkpoint at step %d and exiting", s.step)
-            saved = ckpt.step_checkpoints(self.run_dir)
-            last_saved = bool(saved) and saved[-1].name == f"step_{s.step}"
-            if interrupted:
-                if not last_saved:
-                    self.save(f"step_{s.step}")
-            elif not last_saved or (s.step > first_step and s.step % tc.val_every != 0):
-                # the last update is validated too, so that `best` can be the final weights
-                # (max_steps=3250 with val_every=500 and save_every=250 saved step_3250 unscored)
-                self._validate_and_save()
+            self._finish(interrupted, first_step)
         except TrainingDiverged as e:
             saved = ckpt.step_checkpoints(self.run_dir)
             kept = f"the last checkpoint, {saved[-1]}, is kept" if saved else "no checkpoint was written"
@@ -311,6 +301,21 @@ class Trainer:
             if self.writer is not None:
                 self.writer.close()
         return s
+
+    def _finish(self, interrupted: bool, first_step: int) -> None:
+        """The checkpoint a run ends with: saved if interrupted, else validated and saved."""
+        s = self.state
+        if interrupted:
+            log.warning("interrupted: saving a checkpoint at step %d and exiting", s.step)
+        saved = ckpt.step_checkpoints(self.run_dir)
+        last_saved = bool(saved) and saved[-1].name == f"step_{s.step}"
+        if interrupted:
+            if not last_saved:
+                self.save(f"step_{s.step}")
+        elif not last_saved or (s.step > first_step and s.step % self.tc.val_every != 0):
+            # the last update is validated too, so that `best` can be the final weights
+            # (max_steps=3250 with val_every=500 and save_every=250 saved step_3250 unscored)
+            self._validate_and_save()
 
     def _after_update(self, window: LogWindow, metrics: dict[str, float], bar: tqdm, epoch: int) -> bool:
         """Log, validate and save as the schedule says after an applied update; True:
