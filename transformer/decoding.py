@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -107,12 +108,15 @@ def translate_nbest(
     cfg: DecodeConfig,
     device: torch.device | str | None = None,
     progress: bool = False,
+    after_batch: Callable[[], object] | None = None,
 ) -> list[list[tuple[str, float]]]:
     """The n-best (text, score) list of every line, in input order.
 
     Empty lines are not decoded: they give [("", 0.0)]. Our model is put in eval mode
     for the call and restored afterwards; an exported model (`ct2.CT2Model`) runs its
-    own search on the same batches.
+    own search on the same batches. `after_batch` is called after each decoding batch
+    (training's validation gives its `runtime.HeapTrimmer`: a batch's growing key/value
+    caches leave heap holes of every length).
     """
     model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
     exported = isinstance(model, CT2Model)
@@ -135,6 +139,8 @@ def translate_nbest(
                 texts = tokenizer.decode([h.tokens for h in hyps])
                 results[i] = [(t, h.score) for t, h in zip(texts, hyps, strict=True)]
             bar.update(len(index))
+            if after_batch is not None:
+                after_batch()
     bar.close()
     return results
 
@@ -158,9 +164,11 @@ def translate_lines(
     cfg: DecodeConfig,
     device: torch.device | str | None = None,
     progress: bool = False,
+    after_batch: Callable[[], object] | None = None,
 ) -> list[str]:
     """The best translation of every line, in input order ("" for an empty line)."""
-    return [hyps[0][0] for hyps in translate_nbest(model, tokenizer, lines, cfg, device, progress)]
+    nbest = translate_nbest(model, tokenizer, lines, cfg, device, progress, after_batch)
+    return [hyps[0][0] for hyps in nbest]
 
 
 def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:

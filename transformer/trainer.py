@@ -102,9 +102,11 @@ class Trainer:
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed),
         )
+        self.trim_heap = HeapTrimmer(self.tc.heap_slack_gb if device.type == "cpu" else None)
         self.validator = Validator(
             data.devs, data.tokenizer, cfg.decode, cfg.optim.label_smoothing, self.tc.precision,
-            device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_positions)
+            device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_positions,
+            after_batch=self.trim_heap)
         self.net: torch.nn.Module = model  # what forward runs through: DDP and/or compiled
         if dist_info.world_size > 1:
             self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -113,7 +115,6 @@ class Trainer:
         self.writer = SummaryWriter(str(self.run_dir / "tb")) if dist_info.is_main else None
         self.stop_signal: int | None = None
         self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision)
-        self.trim_heap = HeapTrimmer(self.tc.heap_slack_gb if device.type == "cpu" else None)
 
     # ---- state ----------------------------------------------------------------------
     def trainer_state(self) -> dict:
@@ -343,7 +344,6 @@ class Trainer:
         stop = False
         if self.dist.is_main:
             stop = self._after_validation(self.validate())
-            self.trim_heap()  # decoding leaves holes of its own shapes
         self.save(f"step_{self.state.step}")
         return stop
 

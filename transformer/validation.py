@@ -9,6 +9,7 @@ checkpoint selection by its size. With one dev set it is that set's BLEU.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import datasets
@@ -49,8 +50,10 @@ class Validator:
 
     def __init__(self, devs: dict[str, datasets.Dataset], tokenizer: Tokenizer, decode: DecodeConfig,
                  label_smoothing: float, precision: str, device: torch.device,
-                 max_tokens: int, bleu_sentences: int | None, max_positions: int) -> None:
+                 max_tokens: int, bleu_sentences: int | None, max_positions: int,
+                 after_batch: Callable[[], object] | None = None) -> None:
         self.devs, self.tokenizer, self.decode = devs, tokenizer, decode
+        self.after_batch = after_batch  # called after each batch (training: a HeapTrimmer)
         self.label_smoothing, self.precision, self.device = label_smoothing, precision, device
         self.batches: dict[str, list[list[int]]] = {}
         for name, dev in devs.items():
@@ -84,9 +87,11 @@ class Validator:
             loss, nll = batch_loss(model, batch, self.label_smoothing, self.precision, self.device)
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
             n_tokens += batch.n_tgt_tokens
+            if self.after_batch is not None:
+                self.after_batch()
         sample = dev.select(self.bleu_index[name])
         src, refs = list(sample["src"]), list(sample["tgt"])
-        hyps = translate_lines(model, tok, src, self.decode, self.device)
+        hyps = translate_lines(model, tok, src, self.decode, self.device, after_batch=self.after_batch)
         return DevResult(
             loss=loss_sum / n_tokens, nll=nll_sum / n_tokens,
             ppl=math.exp(min(nll_sum / n_tokens, 50.0)),
