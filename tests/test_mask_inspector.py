@@ -1,4 +1,4 @@
-"""mt-masks (mask_inspector.py, masks_cli.py): the README's masks are what the command
+"""mt-masks (mask_inspector.py, masks_cli.py): the manual's masks (docs/masks.md) are what the command
 prints and what masks.py builds; recorded weights obey their masks; the three maskings and
 the empty row behave as the README says; PyTorch's masks are the opposite polarity; the
 command runs with and without a checkpoint and refuses a mistake in one line.
@@ -69,13 +69,14 @@ def mt_masks(monkeypatch, capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
-# --- the README -----------------------------------------------------------------------------
+# --- the manual -----------------------------------------------------------------------------
 
 
 def readme_example() -> tuple[list[str], str]:
-    """The mt-masks command of the README's "Which mask goes where" and the block after it."""
-    text = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### Which mask goes where"):]
+    """The mt-masks command of the manual's "Which mask goes where" (docs/masks.md) and the
+    block after it."""
+    text = (PROJECT_ROOT / "docs" / "masks.md").read_text(encoding="utf-8")
+    section = text[text.index("## Which mask goes where"):]
     match = re.search(r"```bash\n(.*?)```\s*```\n(.*?)```", section, flags=re.DOTALL)
     args = shlex.split(match.group(1).replace("\\\n", " "))
     assert args[0] == "mt-masks"

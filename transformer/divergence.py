@@ -7,7 +7,7 @@ run would skip updates forever. `DivergenceGuard` counts them and, past
 `trainer.diverge_after`, ends the run with one line that says what happened and which
 setting to change.
 
-What it looked like before this guard (README, "Errors and recovery"): with
+What it looked like before this guard (docs/errors.md, "A run that diverges stops"): with
 `optim.lr=1e10` the first update drives the weights to ~1e9, every later loss is NaN,
 every update is skipped in 20-60 ms (no single op stalls), and since only applied
 updates advance the step, log, validate or look at the stop signal, the loop never ended.

@@ -108,7 +108,7 @@ class HeapTrimmer:
     model, 2 threads) the training process grew from 1.1 GB after the first update to 4.5
     GB after 150 with varied shapes, and stayed at 1.4 GB with one fixed shape; a
     `malloc_trim` brought it back to 0.9 GB at any point, so the growth is free memory,
-    not data (README, "How cost grows with the corpus"). Trimming every update costs a
+    not data (docs/performance.md, "Memory"). Trimming every update costs a
     page fault for every page the next step touches again; with a slack above one step's
     working set it trims rarely. `slack_gb=None` never trims.
     """
