@@ -128,7 +128,11 @@ SLOW_AFTER_SIGNAL = textwrap.dedent("""
     def slow(self, batches):
         out = real(self, batches)
         print("update", self.state.step, flush=True)
-        if self.stop_signal is not None:  # the first signal waits for this update: make it long
+        if self.state.step == 7:
+            # Hold this update until the test's first signal has landed (so the loop cannot
+            # see it first and stop cleanly), then make the rest of the update long.
+            while self.stop_signal is None:
+                time.sleep(0.01)
             print("waiting", flush=True)
             time.sleep(120)
         return out
