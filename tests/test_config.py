@@ -76,6 +76,34 @@ def test_a_mix_names_known_corpora_with_positive_weights():
         DataConfig(name="mix", corpora={"tatoeba": 1.0, "europarl": 0.0}).validate()
 
 
+BAD_SCHEDULES = [
+    ("data.phases=[{epochs: 1, corpora: {flores: 1}}]",
+     "data.phases[0].corpora='flores': not a corpus of the mix (data.corpora: europarl, tatoeba)"),
+    ("data.phases=[{epochs: -1, corpora: {tatoeba: 1}}]", "data.phases[0].epochs=-1: must be >= 0"),
+    ("data.phases=[{epochs: 1, corpora: {tatoeba: -1}}]",
+     "data.phases[0].corpora.tatoeba=-1.0: a weight must be >= 0"),
+    ("data.phases=[{epochs: 1, corpora: {tatoeba: 1}}, {epochs: 2, corpora: {europarl: 0}}]",
+     "data.phases[1].corpora={'europarl': 0.0}: a phase needs a corpus with a weight > 0"),
+    ("data.epoch_pairs=0", "data.epoch_pairs=0: must be >= 1 (or null)"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_SCHEDULES)
+def test_a_mixs_schedule_is_checked_naming_its_key(override, message):
+    cfg = train_config("data=europarl_tatoeba", "data.epoch_pairs=1000",
+                       "data.phases=[{epochs: 2, corpora: {tatoeba: 1}}, {epochs: 0, corpora: {europarl: 1}}]")
+    assert [(p.epochs, p.corpora) for p in cfg.data.phases] == [(2, {"tatoeba": 1.0}), (0, {"europarl": 1.0})]
+    with pytest.raises(ConfigError) as info:
+        train_config("data=europarl_tatoeba", override)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_schedule_is_for_a_mix_only():
+    for override in ("data.epoch_pairs=1000", "data.phases=[{epochs: 1, corpora: {tatoeba: 1}}]"):
+        with pytest.raises(ConfigError, match=r"only for data.name=mix"):
+            train_config("data=tatoeba", override)
+
+
 BAD_DECODE_SETTINGS = [
     (dict(max_len_a=-1.0, max_len_b=-5), "decode.max_len_a=-1.0: must be >= 0"),
     (dict(max_len_a=0.0, max_len_b=-5), "decode.max_len_b=-5: must be >= 0"),

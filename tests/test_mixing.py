@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from transformer.batching import TokenBatchSampler, token_lengths
-from transformer.config import PROJECT_ROOT, DataConfig
+from transformer.config import PROJECT_ROOT, DataConfig, PhaseConfig
 from transformer.corpus import Pairs, read_lines
 from transformer.data import load_test_set, prepare_data
 from transformer.mixing import CorpusMixture, epoch_counts, mix_sample
@@ -67,6 +67,77 @@ def test_batches_of_a_mix_resume_mid_epoch_identically():
     assert list(resumed) == full[9:]
     flat = np.concatenate(full)
     assert len(flat) == 4000 and (flat >= 3000).mean() == pytest.approx(0.5, abs=0.001)
+
+
+# A schedule: Tatoeba-like corpus 1 alone for two epochs, a phase turned off (0 epochs),
+# one epoch at 1:1, then the mix's own 3:1, in virtual epochs of 400 pairs.
+PHASES = [(2, [0.0, 1.0]), (0, [1.0, 0.0]), (1, [1.0, 1.0])]
+
+
+def phased(seed: int = 4) -> CorpusMixture:
+    return CorpusMixture([3000, 500], [3.0, 1.0], seed, PHASES, epoch_pairs=400)
+
+
+def test_without_phases_each_corpus_continues_its_stream_epoch_after_epoch():
+    mix = CorpusMixture([500, 200], [1, 1], seed=7)
+    assert mix.counts(5) == [350, 350] and len(mix) == 700
+    assert mix.stream_start(3) == [3 * 350, 3 * 350]  # what every run before phases drew
+
+
+def test_each_epoch_draws_with_its_phases_weights():
+    mix = phased()
+    shares = []
+    for epoch in range(6):
+        rows = mix.epoch_indices(epoch)
+        assert len(rows) == len(mix) == 400  # a virtual epoch, whatever the phase
+        shares.append(np.bincount(mix.corpus_of(rows), minlength=2).tolist())
+    assert shares == [[0, 400], [0, 400], [200, 200], [300, 100], [300, 100], [300, 100]]
+    assert [mix.counts(e) for e in (1, 2, 3, 99)] == [[0, 400], [200, 200], [300, 100], [300, 100]]
+
+
+def test_phases_consume_each_corpus_stream_without_gaps_or_repeats():
+    """A corpus that draws nothing in a phase keeps its place: over epochs 0-5 corpus 0
+    gives 0, 0, 200, 300, 300, 300 pairs, all different (3,000 pairs: no pass ends), and
+    corpus 1 (500 pairs) repeats none before all were used once."""
+    mix = phased()
+    draws = [mix.epoch_indices(e) for e in range(6)]
+    first = np.concatenate([d[mix.corpus_of(d) == 0] for d in draws])
+    assert len(first) == 1100 and len(np.unique(first)) == 1100
+    assert mix.stream_start(4) == [500, 1100] and mix.stream_start(1) == [0, 400]
+    second = np.concatenate([d[mix.corpus_of(d) == 1] for d in draws[:2]]) - 3000  # 800 draws
+    counts = np.bincount(second, minlength=500)
+    assert counts.min() == 1 and counts.max() == 2
+
+
+def test_a_phased_mix_is_the_same_from_any_process_and_resumes_mid_epoch_exactly():
+    """Every DDP rank and a resumed run build their own mixture: the same epochs, and the
+    same batches from any position, across the phase boundaries."""
+    rng = np.random.default_rng(1)
+    src = np.concatenate([rng.integers(15, 40, 3000), rng.integers(3, 9, 500)])
+    tgt = src + rng.integers(-2, 3, len(src))
+    make = lambda rank=0, world=1: TokenBatchSampler(  # noqa: E731
+        src, tgt, 512, seed=4, rank=rank, world_size=world, mixture=phased())
+    full = [list(make().iter_from(epoch)) for epoch in range(4)]
+    for epoch in range(4):
+        assert (phased().epoch_indices(epoch) == phased().epoch_indices(epoch)).all()
+        resumed = make()  # a fresh process after a restart, mid-epoch
+        resumed.set_epoch(epoch, start=3)
+        assert list(resumed) == full[epoch][3:]
+        ranks = [make(rank, 2) for rank in (0, 1)]
+        plans = [r.global_batches(epoch) for r in ranks]
+        assert (plans[0].rows == plans[1].rows).all() and (plans[0].bounds == plans[1].bounds).all()
+    assert not (phased(seed=5).epoch_indices(2) == phased().epoch_indices(2)).all()
+
+
+@pytest.mark.parametrize(("phases", "epoch_pairs", "message"), [
+    ([(1, [0.0, 0.0])], None, "not all 0"),
+    ([(-1, [1.0, 0.0])], None, "0 or more epochs"),
+    ([(1, [1.0])], None, "one weight >= 0 per corpus"),
+    ([], 0, "at least one pair"),
+])
+def test_a_bad_schedule_is_refused(phases, epoch_pairs, message):
+    with pytest.raises(ValueError, match=message):
+        CorpusMixture([10, 10], [1.0, 1.0], 0, phases, epoch_pairs)
 
 
 def test_the_vocabulary_sample_is_balanced_by_the_weights():
@@ -128,6 +199,9 @@ def test_a_mix_prepares_one_vocabulary_and_a_dev_set_per_corpus(shared_root, tmp
     reweighted = prepare_data(mix_cfg(shared_root, tmp_path, corpora={"tatoeba": 1.0, "europarl": 3.0}))
     assert not reweighted.from_cache  # the weights shape the vocabulary sample
     assert TokenBatchSampler(*token_lengths(prepared.train), 512, mixture=mixture).batches(0)
+    first = [PhaseConfig(epochs=1, corpora={"tatoeba": 1.0})]
+    phased = prepare_data(mix_cfg(shared_root, tmp_path, phases=first, epoch_pairs=50)).mixture(seed=1)
+    assert [(phased.corpus_of(phased.epoch_indices(e)) == 1).sum() for e in (0, 1)] == [0, 25]
     with pytest.raises(Exception, match="ambiguous for a mix"):
         load_test_set("dev", mix_cfg(shared_root, tmp_path))
 
@@ -152,10 +226,16 @@ def test_validation_reports_each_dev_set_and_selects_by_their_mean(shared_root, 
     assert "mean dev BLEU" in logged
 
 
-def test_a_mixed_run_resumes_mid_epoch_with_the_same_losses(shared_root, tmp_path):
+@pytest.mark.parametrize("schedule", [[], ["data.epoch_pairs=120", "data.phases=[{epochs: 1, corpora: {tatoeba: 1}}]"]],
+                         ids=["weights", "tatoeba-first-phase"])
+def test_a_mixed_run_resumes_mid_epoch_with_the_same_losses(shared_root, tmp_path, schedule):
+    """With a phase, 120-pair epochs of about 3 batches: the 6 updates cross from the
+    Tatoeba-only epoch 0 into the mix, and the run is split inside epoch 1."""
     common = [*mix_overrides(shared_root), "trainer.log_every=1", "trainer.val_every=100",
-              "trainer.resume=auto"]
+              "trainer.resume=auto", *schedule]
     run(tmp_path / "straight", *common, "trainer.max_steps=6")
     run(tmp_path / "split", *common, "trainer.max_steps=3")
     run(tmp_path / "split", *common, "trainer.max_steps=6")
     assert scalars(tmp_path / "split", "train/loss") == scalars(tmp_path / "straight", "train/loss")
+    if schedule:
+        assert {v for _, v in scalars(tmp_path / "straight", "train/epoch")} == {0, 1}

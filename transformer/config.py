@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,6 +91,15 @@ class ModelConfig:
 
 
 @dataclass
+class PhaseConfig:
+    """A phase of a mix's schedule (`data.phases`): how many epochs it lasts and the corpus
+    weights its epochs draw with; a corpus it leaves out draws nothing."""
+
+    epochs: int = 1  # 0: skipped (a search can turn the phase off)
+    corpora: dict[str, float] = field(default_factory=dict)  # e.g. {tatoeba: 1}
+
+
+@dataclass
 class DataConfig:
     """Which corpus, how it is cleaned, tokenized and batched."""
 
@@ -98,6 +107,12 @@ class DataConfig:
     # name=mix: the corpora trained on together, each with its weight: the share of training
     # pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}
     corpora: dict[str, float] = field(default_factory=dict)
+    # name=mix: the first epochs' own weights, in order, e.g. a Tatoeba-first phase
+    # [{epochs: 2, corpora: {tatoeba: 1}}]; `corpora` hold after the last (transformer/mixing.py)
+    phases: list[PhaseConfig] = field(default_factory=list)
+    # name=mix: training pairs per epoch (fairseq's --virtual-epoch-size), the unit of
+    # `phases` and trainer.max_epochs; null: all the corpora's pairs
+    epoch_pairs: int | None = None
     # The project's folders, root and cache_dir, resolve against the project root; the
     # user's files (train_src ... hub_local_dir) against the working directory.
     root: str = "../shared/data"
@@ -143,9 +158,12 @@ class DataConfig:
                 _require(corpus in mixable, f"{prefix}.corpora", corpus,
                          f"can mix the named corpora {', '.join(mixable)}")
                 _require(weight > 0, f"{prefix}.corpora.{corpus}", weight, "a weight must be > 0")
+            self._validate_phases(prefix)
         else:
-            _require(not self.corpora, f"{prefix}.corpora", dict(self.corpora),
-                     f"only for {prefix}.name=mix")
+            mix_only = {"corpora": dict(self.corpora), "phases": [asdict(p) for p in self.phases],
+                        "epoch_pairs": self.epoch_pairs}
+            for name, value in mix_only.items():
+                _require(value in (None, {}, []), f"{prefix}.{name}", value, f"only for {prefix}.name=mix")
         _positive(f"{prefix}.max_len", self.max_len)
         _positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
         _positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
@@ -159,6 +177,19 @@ class DataConfig:
                  f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
         _positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
         _positive(f"{prefix}.num_proc", self.num_proc)
+
+    def _validate_phases(self, prefix: str) -> None:
+        _positive(f"{prefix}.epoch_pairs", self.epoch_pairs, optional=True)
+        mixed = ", ".join(self.corpora)
+        for i, phase in enumerate(self.phases):
+            key = f"{prefix}.phases[{i}]"
+            _positive(f"{key}.epochs", phase.epochs, minimum=0)
+            for corpus, weight in phase.corpora.items():
+                _require(corpus in self.corpora, f"{key}.corpora", corpus,
+                         f"not a corpus of the mix ({prefix}.corpora: {mixed})")
+                _require(weight >= 0, f"{key}.corpora.{corpus}", weight, "a weight must be >= 0")
+            _require(sum(phase.corpora.values()) > 0, f"{key}.corpora", dict(phase.corpora),
+                     "a phase needs a corpus with a weight > 0, e.g. {tatoeba: 1}")
 
 
 @dataclass

@@ -73,6 +73,10 @@ class PreparedData:
     stats: dict = field(default_factory=dict)  # see `prepare.format_statistics`
     path: Path | None = None  # the cache folder it was saved to / loaded from
     from_cache: bool = False
+    # a mix's schedule (data.phases: epochs and weights of the first epochs; data.epoch_pairs),
+    # set from the settings, not the cache: it shapes the draws, not the data
+    phases: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    epoch_pairs: int | None = None
 
     @property
     def dev(self) -> datasets.Dataset:
@@ -83,7 +87,9 @@ class PreparedData:
         """How epochs draw from the corpora of a mix (None for a single corpus)."""
         if self.weights is None:
             return None
-        return CorpusMixture(list(self.sizes.values()), [self.weights[c] for c in self.sizes], seed)
+        phases = [(epochs, [weights.get(c, 0.0) for c in self.sizes]) for epochs, weights in self.phases]
+        return CorpusMixture(list(self.sizes.values()), [self.weights[c] for c in self.sizes], seed,
+                             phases, self.epoch_pairs)
 
 
 class _Timer:
@@ -131,6 +137,8 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
             _write_source_note(cfg, source, key)
     if prepared.from_cache:
         log.info("reusing prepared data %s", prepared.path)
+    prepared.phases = [(p.epochs, dict(p.corpora)) for p in cfg.phases]
+    prepared.epoch_pairs = cfg.epoch_pairs
     with timer("batching"):  # batching settings are not part of the cache key
         lengths = token_lengths(prepared.train)
         prepared.stats["batching"] = batching_statistics(

@@ -6,14 +6,24 @@ ones) at 1:1, half of the pairs come from each, so Tatoeba is upsampled about 1.
 Europarl is seen at about 0.75 of its size per epoch. The tokenizer is trained on a
 sample balanced the same way (`data.mix_sample`).
 
-An epoch has as many pairs as the corpora together. Within a corpus, pairs are drawn
-from a seeded permutation that is consumed across epochs: every pair is used once before
-any is used twice, whether the corpus is up- or downsampled. Everything is a function of
-(seed, epoch), so every DDP rank draws the same epoch and a resumed run continues
-mid-epoch exactly (the trainer saves the epoch and the batch position).
+An epoch has as many pairs as the corpora together, or `data.epoch_pairs` (fairseq's
+--virtual-epoch-size: the CPU recipes see less than one real epoch). The weights may
+change with the epoch: `data.phases` give the first epochs their own weights (a
+Tatoeba-first phase: `[{epochs: 2, corpora: {tatoeba: 1}}]`, Europarl drawing nothing),
+and `data.corpora` hold from the end of the last phase on.
+
+Within a corpus, pairs are drawn from a seeded permutation that is consumed across
+epochs: every pair is used once before any is used twice, whether the corpus is up- or
+downsampled, and a phase that draws nothing from it leaves its place in the stream.
+Everything is a function of (seed, epoch), so every DDP rank draws the same epoch and a
+resumed run continues mid-epoch exactly (the trainer saves the epoch and the batch
+position).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,19 +44,51 @@ class CorpusMixture:
     """Which rows an epoch draws from each corpus of a weighted mix.
 
     `sizes` are the corpora's pair counts, in the order their rows are concatenated in
-    the training dataset; `weights` their shares of an epoch's pairs.
+    the training dataset; `weights` their shares of an epoch's pairs. `phases` are
+    (epochs, weights) of the first epochs, in order (a weight may be 0 there; a phase of
+    0 epochs is skipped); `weights` hold after them. `epoch_pairs`: pairs an epoch draws
+    (default: the sum of `sizes`).
     """
 
-    def __init__(self, sizes: list[int], weights: list[float], seed: int) -> None:
+    def __init__(self, sizes: list[int], weights: list[float], seed: int,
+                 phases: Sequence[tuple[int, Sequence[float]]] = (),
+                 epoch_pairs: int | None = None) -> None:
         if len(sizes) != len(weights) or not sizes or min(sizes) < 1 or min(weights) <= 0:
             raise ValueError(f"need one positive weight per non-empty corpus: sizes {sizes}, "
                              f"weights {weights}")
+        for epochs, phase in phases:
+            if len(phase) != len(sizes) or min(phase) < 0 or sum(phase) <= 0 or epochs < 0:
+                raise ValueError(f"a phase needs 0 or more epochs and one weight >= 0 per "
+                                 f"corpus, not all 0: {epochs} epochs, weights {list(phase)}")
+        if epoch_pairs is not None and epoch_pairs < 1:
+            raise ValueError(f"an epoch needs at least one pair, not {epoch_pairs}")
         self.sizes, self.weights, self.seed = list(sizes), list(weights), seed
         self.offsets = np.cumsum([0, *sizes[:-1]])
-        self.counts = epoch_counts(self.sizes, self.weights)
+        self.total = sum(self.sizes) if epoch_pairs is None else epoch_pairs
+        # (first epoch, end epoch, pairs per corpus) of each phase, then of `weights`, endless
+        self.schedule: list[tuple[int, float, np.ndarray]] = []
+        first = 0
+        for epochs, phase in phases:
+            if epochs > 0:
+                counts = np.asarray(epoch_counts(self.sizes, list(phase), self.total))
+                self.schedule.append((first, first + epochs, counts))
+                first += epochs
+        self.schedule.append((first, math.inf, np.asarray(epoch_counts(self.sizes, self.weights, self.total))))
 
     def __len__(self) -> int:
-        return sum(self.counts)
+        return self.total
+
+    def counts(self, epoch: int) -> list[int]:
+        """Pairs each corpus contributes to `epoch` (its phase's weights)."""
+        return next(c for _, end, c in self.schedule if epoch < end).tolist()
+
+    def stream_start(self, epoch: int) -> list[int]:
+        """Pairs each corpus gave to the epochs before `epoch`: where in its stream of
+        permutations `epoch` starts drawing."""
+        start = np.zeros(len(self.sizes), dtype=np.int64)
+        for first, end, counts in self.schedule:
+            start += max(0, min(epoch, end) - first) * counts
+        return start.tolist()
 
     def _draw(self, corpus: int, start: int, count: int) -> np.ndarray:
         """Positions [start, start + count) of corpus `corpus`'s endless stream of
@@ -63,8 +105,8 @@ class CorpusMixture:
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """The epoch's rows of the concatenated dataset, shuffled."""
-        parts = [self.offsets[c] + self._draw(c, epoch * count, count)
-                 for c, count in enumerate(self.counts)]
+        starts, counts = self.stream_start(epoch), self.counts(epoch)
+        parts = [self.offsets[c] + self._draw(c, starts[c], counts[c]) for c in range(len(self.sizes))]
         rows = np.concatenate(parts)
         return rows[np.random.default_rng([self.seed, epoch, len(self.sizes)]).permutation(len(rows))]
 
