@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 # CTranslate2's weight types; "none" keeps the checkpoint's fp32.
 QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16", "float32")
+FORMATS = ("ct2", "argos")  # a CTranslate2 directory | an Argos Translate package (argos.py)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class ExportConfig:
     output: str | None = None  # the directory to write (required)
     quantization: str = "none"  # none (fp32) | int8 | int8_float32 | ... (QUANTIZATIONS)
     force: bool = False  # replace an existing output that is an earlier export
+    format: str = "ct2"  # ct2 (a CTranslate2 directory) | argos (an .argosmodel file for LibreTranslate)
 
     def validate(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
@@ -84,6 +86,12 @@ class ExportConfig:
         _require(bool(self.output), "output", self.output, "required: add output=path/to/export_dir")
         _require(self.quantization in QUANTIZATIONS, "quantization", self.quantization,
                  f"choose one of {', '.join(QUANTIZATIONS)}")
+        _require(self.format in FORMATS, "format", self.format, f"choose one of {', '.join(FORMATS)}")
+        argos_file = str(self.output).endswith(".argosmodel")
+        _require(argos_file or self.format != "argos", "output", self.output,
+                 "format=argos writes a file ending in .argosmodel")
+        _require(not argos_file or self.format == "argos", "output", self.output,
+                 "an .argosmodel is written with format=argos")
 
 
 class ExportError(ValueError):
@@ -228,7 +236,12 @@ def _check_all_set(spec) -> None:
 
 
 def export(cfg: ExportConfig) -> Path:
-    """Write the CTranslate2 export of `cfg.checkpoint` to `cfg.output`; returns its path."""
+    """Write the CTranslate2 export (or, format=argos, the Argos package) of
+    `cfg.checkpoint` to `cfg.output`; returns its path."""
+    if cfg.format == "argos":
+        from transformer.argos import export_argos  # it builds on this module
+
+        return export_argos(cfg)
     require_ctranslate2("mt-export")
     output = Path(cfg.output)
     _check_output(output, cfg.force)

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Serve a model with LibreTranslate (its REST API and web page) on 127.0.0.1, offline.
+#
+#   scripts/serve_libretranslate.sh <checkpoint dir | mt-export dir | file.argosmodel> [port]
+#   scripts/serve_libretranslate.sh --setup        # only build LibreTranslate's venv (CI)
+#
+# A checkpoint is packed with `mt-export format=argos` (int8 unless QUANTIZATION=none|...);
+# an mt-export directory is packed from the checkpoint its export.json names, with its
+# quantization. LibreTranslate runs from its own venv (MT_SERVE_VENV, default .venv-serve):
+# it installs its fork of argostranslate over the argostranslate module, so it must not
+# share the project's .venv. Everything Argos writes goes to a scratch folder (MT_SERVE_HOME,
+# default a temporary one, deleted at exit), and nothing is fetched: a local empty package
+# index, --load-only it,en, spaCy sentence splitting shipped in the package. Ctrl-C or
+# SIGTERM stops the server. Settings: PORT (5000), CHAR_LIMIT (5000 characters a text),
+# BATCH_LIMIT (16 texts a request), ALTERNATIVES_LIMIT (3; each one widens the beam),
+# THREADS (LibreTranslate's request threads, 4), ARGOS_BEAM_SIZE (Argos's 4),
+# ARGOS_INTER_THREADS/ARGOS_INTRA_THREADS (CTranslate2's, 1 and 0 = all cores).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="${MT_SERVE_VENV:-$ROOT/.venv-serve}"
+# The versions this project tests with. Nothing they pull needs torch (pip's resolver report:
+# argos-translate-lt dropped stanza), so no CUDA build of torch is downloaded.
+LT_PACKAGES=(libretranslate==1.9.6 spacy==3.8.18)
+
+die() { echo "serve_libretranslate: error: $*" >&2; exit 1; }
+
+setup_venv() {
+  if [[ -x "$VENV/bin/libretranslate" && -x "$VENV/bin/python" ]] \
+      && "$VENV/bin/python" -c "import spacy, argostranslate, libretranslate" 2>/dev/null; then
+    return
+  fi
+  echo "serve_libretranslate: building LibreTranslate's venv in $VENV" >&2
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "${LT_PACKAGES[@]}"
+}
+
+if [[ "${1:-}" == "--setup" ]]; then setup_venv; exit 0; fi
+[[ $# -ge 1 && $# -le 2 ]] || die "usage: $0 <checkpoint dir | export dir | file.argosmodel> [port]"
+SOURCE="$1"
+PORT="${2:-${PORT:-5000}}"
+[[ "$PORT" =~ ^[0-9]+$ ]] && (( PORT > 0 && PORT < 65536 )) || die "port=$PORT: not a port number"
+[[ -e "$SOURCE" ]] || die "no such file or directory: $SOURCE"
+SOURCE="$(cd "$(dirname "$SOURCE")" && pwd)/$(basename "$SOURCE")"  # before any cd
+
+# The project's own commands (mt-export): its .venv, or whatever is on PATH.
+MT_EXPORT="$ROOT/.venv/bin/mt-export"
+[[ -x "$MT_EXPORT" ]] || MT_EXPORT="$(command -v mt-export || true)"
+
+HOME_DIR="${MT_SERVE_HOME:-}"
+CLEAN_HOME=0
+if [[ -z "$HOME_DIR" ]]; then HOME_DIR="$(mktemp -d -t mt-serve-XXXXXX)"; CLEAN_HOME=1; fi
+mkdir -p "$HOME_DIR"
+SERVER=""
+cleanup() {
+  if [[ -n "$SERVER" ]] && kill -0 "$SERVER" 2>/dev/null; then
+    kill -TERM "$SERVER" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER" 2>/dev/null || true
+    wait "$SERVER" 2>/dev/null || true
+  fi
+  if (( CLEAN_HOME )); then rm -rf "$HOME_DIR"; fi
+}
+trap cleanup EXIT
+trap 'echo "serve_libretranslate: stopping" >&2; exit 0' INT TERM
+
+# 1. The package.
+if [[ -f "$SOURCE" && "$SOURCE" == *.argosmodel ]]; then
+  PACKAGE="$SOURCE"
+elif [[ -d "$SOURCE" ]]; then
+  [[ -n "$MT_EXPORT" ]] || die "mt-export not found: activate the project's venv (pip install -e \".[argos]\")"
+  CHECKPOINT="$SOURCE"
+  QUANT="${QUANTIZATION:-int8}"
+  if [[ -f "$SOURCE/export.json" ]]; then  # an mt-export directory: pack its checkpoint again
+    INFO="$("$(dirname "$MT_EXPORT")/python" -c \
+      'import json,sys; i=json.load(open(sys.argv[1])); print(i["quantization"]); print(i["checkpoint"])' \
+      "$SOURCE/export.json")" || die "$SOURCE/export.json: cannot read it"
+    QUANT="${INFO%%$'\n'*}" CHECKPOINT="${INFO#*$'\n'}"
+    [[ -d "$CHECKPOINT" ]] || die "export $SOURCE was made from $CHECKPOINT, which is gone: serve a checkpoint or an .argosmodel"
+  fi
+  PACKAGE="$HOME_DIR/$(basename "$CHECKPOINT").argosmodel"
+  rm -f "$PACKAGE"
+  "$MT_EXPORT" "checkpoint=$CHECKPOINT" "output=$PACKAGE" format=argos "quantization=$QUANT"
+else
+  die "$SOURCE: expected a checkpoint directory, an mt-export directory or a .argosmodel file"
+fi
+
+# 2. LibreTranslate's venv, and an environment in which nothing is fetched.
+setup_venv
+export XDG_DATA_HOME="$HOME_DIR/data" XDG_CONFIG_HOME="$HOME_DIR/config" XDG_CACHE_HOME="$HOME_DIR/cache"
+export ARGOS_PACKAGES_DIR="$HOME_DIR/packages"
+mkdir -p "$HOME_DIR/index" "$ARGOS_PACKAGES_DIR"
+echo "[]" > "$HOME_DIR/index/index.json"  # LibreTranslate looks for updates at boot: none here
+export ARGOS_PACKAGE_INDEX="file://$HOME_DIR/index/"
+# Argos downloads spaCy's xx_sent_ud_sm at import unless this folder exists; the package's
+# own spacy/ folder is what splits sentences.
+mkdir -p "$XDG_CACHE_HOME/argos-translate/spacy/senter/model"
+export ARGOS_CHUNK_TYPE=SPACY            # MiniSBD and Stanza would download models
+export ARGOS_COMPUTE_TYPE=default        # the weights' own type (argostranslate's "auto" is int8)
+export ARGOS_DEVICE_TYPE="${ARGOS_DEVICE_TYPE:-cpu}"
+export STANZA_RESOURCES_DIR="$HOME_DIR/stanza" HF_HUB_OFFLINE=1 PIP_NO_INDEX=1
+"$VENV/bin/python" -c 'import sys; from argostranslate import package; package.install_from_path(sys.argv[1])' \
+  "$PACKAGE" || die "$PACKAGE: argostranslate could not install it"
+
+# 3. The server, on loopback only.
+cd "$HOME_DIR"
+# LibreTranslate's command behind a check that answers two malformed requests it would
+# answer with HTTP 500 (scripts/libretranslate_guard.py).
+"$VENV/bin/python" "$ROOT/scripts/libretranslate_guard.py" --host 127.0.0.1 --port "$PORT" \
+  --load-only it,en --char-limit "${CHAR_LIMIT:-5000}" --batch-limit "${BATCH_LIMIT:-16}" \
+  --alternatives-limit "${ALTERNATIVES_LIMIT:-3}" --threads "${THREADS:-4}" \
+  --disable-files-translation --frontend-language-source it --frontend-language-target en &
+SERVER=$!
+URL="http://127.0.0.1:$PORT"
+for _ in $(seq 600); do
+  kill -0 "$SERVER" 2>/dev/null || die "LibreTranslate exited during start-up (see above)"
+  if "$VENV/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+      "$URL/languages" 2>/dev/null; then
+    echo "serve_libretranslate: LibreTranslate serves Italian→English at $URL/ (API: $URL/translate); Ctrl-C stops it"
+    break
+  fi
+  sleep 0.2
+done
+wait "$SERVER" || die "LibreTranslate stopped (status $?)"
