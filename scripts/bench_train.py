@@ -37,11 +37,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.attention import set_attention_path
 from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
-from transformer.config import DataConfig, ModelConfig, to_dataclass
+from transformer.config import DataConfig, ModelConfig, OptimConfig, to_dataclass
 from transformer.data import prepare_data
 from transformer.layers import sinusoid_table
 from transformer.loss import batch_loss
 from transformer.model import build_model, count_parameters
+from transformer.optim import build_optimizer
 from transformer.runtime import (
     autocast,
     cpu_bf16_support,
@@ -205,8 +206,11 @@ def main() -> None:
         torch.manual_seed(0)
         ours = build_model(model_cfg).to(device)
         runs = {"ours": (ours, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
-        opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-                for k, (m, _) in runs.items()}
+        # ours: the trainer's own optimizer (fused AdamW); the baseline: what an
+        # nn.Transformer user writes (torch.optim.Adam, PyTorch's default implementation)
+        opts = {"ours": build_optimizer(ours, OptimConfig(lr=1e-4), device),
+                "torch": torch.optim.Adam(runs["torch"][0].parameters(), lr=1e-4,
+                                          betas=(0.9, 0.98), eps=1e-9)}
         for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
             run_steps(m, fn, opts[k], batches[:3], precision, device)
         rates: dict[str, list[float]] = {"ours": [], "torch": []}

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_model import PAD, pad_batch, tiny_model
 
-from tests.test_model import PAD, pad_batch, tiny_model
 from transformer.loss import label_smoothed_nll, logsumexp
 
 V = 11
@@ -104,3 +104,23 @@ def test_forward_with_a_predict_mask_gives_the_same_logits_as_the_full_output():
 def test_logsumexp_matches_torch_on_flat_and_very_peaked_rows():
     x = torch.cat([torch.randn(3, V), 200 * torch.randn(3, V)]).double()  # exp underflows in the second half
     torch.testing.assert_close(logsumexp(x), torch.logsumexp(x, dim=-1))
+
+
+@pytest.mark.parametrize("scale", [3.0, 40.0], ids=["spread", "confident"])
+def test_bf16_logits_give_the_fp32_loss_and_a_bf16_gradient(scale):
+    """Training's case: bf16 logits from the autocast output layer. The loss is computed in
+    fp32 from them (the same as the fp32 reference on the same values), the gradient comes
+    back in bf16, rounded from an fp32 one; a confident model's logits (most
+    log-probabilities far below exp's normal range) change nothing."""
+    g = torch.Generator().manual_seed(0)
+    x = (scale * torch.randn(64, 500, generator=g)).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(1, 500, (64,), generator=g)
+    loss, nll = label_smoothed_nll(x, target, 0.1, PAD)
+    (grad,) = torch.autograd.grad(loss, x)
+    ref_x = x.detach().float().requires_grad_()
+    ref_loss, ref_nll = reference(ref_x, target, 0.1)
+    (ref_grad,) = torch.autograd.grad(ref_loss, ref_x)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(grad, ref_grad.to(torch.bfloat16))  # bf16's own tolerance: an ulp

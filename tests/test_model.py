@@ -105,6 +105,31 @@ def test_no_nan_under_bf16_autocast_on_a_padded_batch():
     assert torch.isfinite(logits).all()
 
 
+def test_one_cast_per_attention_input_under_bf16_autocast(monkeypatch):
+    """attention.autocast_input casts a LayerNorm's fp32 output (and the encoder memory)
+    to bf16 once for the q, k and v projections, where autocast would cast it for each:
+    the same logits bit for bit, and the same gradients up to bf16 rounding (the three
+    projections' input gradients are summed in bf16 before the one cast back)."""
+    import transformer.attention as attention
+    import transformer.model as model_module
+
+    def step():
+        model = tiny_model(pre_norm=True).train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(pad_batch(SRC), pad_batch(TGT))
+        logits.float().square().mean().backward()
+        return logits.detach(), [p.grad for p in model.parameters()]
+
+    once_logits, once_grads = step()
+    monkeypatch.setattr(attention, "autocast_input", lambda x: x)
+    monkeypatch.setattr(model_module, "autocast_input", lambda x: x)
+    each_logits, each_grads = step()
+    assert once_logits.dtype == torch.bfloat16
+    assert torch.equal(once_logits, each_logits)
+    for a, b in zip(once_grads, each_grads):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
+
+
 # --- causality ---------------------------------------------------------------------------
 
 

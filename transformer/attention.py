@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer.dropout import dropout
+
 
 @dataclass
 class KVCache:
@@ -38,6 +40,20 @@ class KVCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+
+
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x in autocast's lower precision when autocast is on, else x itself.
+
+    Autocast casts a float32 input separately for every matmul that reads it: the q, k
+    and v projections of a LayerNorm's fp32 output were three casts forward and three
+    backward, and the encoder memory two in every decoder layer. Casting once before them
+    makes that one (the same values: each cast rounds the same way).
+    """
+    device = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
 
 
 def _open_empty_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +129,10 @@ class MultiHeadAttention(nn.Module):
         projections the cache keeps after the first call.
         Returns (B, T, D).
         """
+        if kv is x:  # self-attention: one cast serves q, k and v
+            x = kv = autocast_input(x)
+        else:
+            x, kv = autocast_input(x), autocast_input(kv)
         q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
         k, v = self._keys_values(kv, cache, static_kv)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
@@ -121,7 +141,7 @@ class MultiHeadAttention(nn.Module):
             w = attention_weights(q, k, mask)
             if self.store_weights:
                 self.weights = w.detach()
-            out = F.dropout(w, p, self.training) @ v
+            out = dropout(w, p, self.training) @ v  # the cheap CPU mask (dropout.py)
         else:  # CUDA: SDPA picks a fused (flash / memory-efficient) kernel
             open_mask, has_key = _open_empty_rows(mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)

@@ -203,7 +203,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 disables clipping
-    fused: bool = True  # fused AdamW kernel on CUDA (ignored on CPU)
+    fused: bool = True  # fused AdamW kernel (CUDA and CPU); false: PyTorch's per-tensor loop
 
     def validate(self, prefix: str = "optim") -> None:
         _require(self.lr > 0, f"{prefix}.lr", self.lr, "must be > 0")

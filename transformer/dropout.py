@@ -32,7 +32,8 @@ def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0:
+    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
+        # numpy's generator cannot be traced: a compiled graph draws its own mask
         return F.dropout(x, p, training)
     return x.mul(keep_mask(x.shape, p)).mul_(1.0 / (1.0 - p))  # in place: one tensor less
 

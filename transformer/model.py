@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from transformer.attention import autocast_input
 from transformer.config import ModelConfig
 from transformer.dropout import Dropout
 from transformer.layers import DecoderLayer, EncoderLayer, LayerCache, sinusoid_table
@@ -175,6 +176,7 @@ class Transformer(nn.Module):
             cache.tgt_ids = all_ids
         tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
         src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        memory = autocast_input(memory)  # once, not in every layer's k and v projections
         x = self._embed(self.tgt_embed, tgt_in_ids, offset)
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
