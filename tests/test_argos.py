@@ -115,9 +115,9 @@ def test_output_is_replaced_only_with_force_and_only_if_a_package(exported, tmp_
 def test_settings_errors_are_one_line_naming_the_key():
     with pytest.raises(ConfigError, match="format='onnx': choose one of ct2, argos"):
         to_dataclass(ExportConfig, {"checkpoint": "a", "output": "b", "format": "onnx"})
-    with pytest.raises(ConfigError, match="output='b': format=argos writes a file ending in .argosmodel"):
+    with pytest.raises(ConfigError, match=r"output='b': format=argos writes a file ending in \.argosmodel"):
         to_dataclass(ExportConfig, {"checkpoint": "a", "output": "b", "format": "argos"})
-    with pytest.raises(ConfigError, match="output='b.argosmodel': an .argosmodel is written with format=argos"):
+    with pytest.raises(ConfigError, match=r"output='b\.argosmodel': an \.argosmodel is written with format=argos"):
         to_dataclass(ExportConfig, {"checkpoint": "a", "output": "b.argosmodel"})
 
 
