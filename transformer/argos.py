@@ -133,10 +133,14 @@ Sentence splitting: a blank spaCy Italian pipeline (`spacy/`) with spaCy's rule-
 sentencizer: set ARGOS_CHUNK_TYPE=SPACY, and ARGOS_COMPUTE_TYPE=default to compute in the
 weights' own type. Argos searches with beam {BEAM_SIZE} and length penalty
 {LENGTH_PENALTY}; `mt-translate` with beam 5 and GNMT's penalty, so outputs can differ.
-The position table holds {CT2_MAX_INPUT} rows; the model was trained on
-{model_cfg.get("max_positions")}.
+The position table holds {max(model_cfg["max_positions"], CT2_MAX_INPUT)} rows, the
+model's own max_positions {model_cfg["max_positions"]} (longer sentences get positions it
+never saw).
 
 ## Scores and state recorded in the checkpoint (meta.json)
+
+Dev scores from training; test scores are not kept in a checkpoint: `mt-evaluate
+checkpoint=<checkpoint> test_set=...` gives them.
 
 | key | value |
 |---|---|
@@ -171,6 +175,7 @@ def export_argos(cfg: ExportConfig) -> Path:
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     converter = ArgosConverter.from_model(model, pieces)
     name = output.name[: -len(SUFFIX)]
+    output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="argos-", dir=output.parent) as tmp:
         root = Path(tmp) / name
         root.mkdir()
