@@ -2,6 +2,7 @@
 
     mt-export checkpoint=runs/tatoeba_cpu/checkpoints/best output=exports/tatoeba_int8 quantization=int8
     mt-translate checkpoint=exports/tatoeba_int8 input.file=news.it     # run by transformer/ct2.py
+    mt-export checkpoint=... output=exports/tatoeba.argosmodel format=argos   # for LibreTranslate (argos.py)
 
 CTranslate2 (a C++ inference engine: int8 weights, batched beam search) converts fairseq,
 OpenNMT and Marian models, not ours, so `CheckpointConverter` subclasses its `Converter`:
