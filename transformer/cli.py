@@ -11,6 +11,7 @@ one for a user error too.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -39,8 +40,13 @@ R = TypeVar("R")
 
 
 def _dirname(text: str) -> str:
-    """A string as one directory name: no path separators, at most 200 characters."""
-    return text.replace("/", "_").replace("\\", "_")[:200]
+    """A string as one directory name: no path separators, at most 200 characters. A longer
+    one (an Optuna trial sets a dozen keys) keeps its first 187 and a digest of the whole:
+    cut short alone, two jobs that differ only further on would share a run directory."""
+    name = text.replace("/", "_").replace("\\", "_")
+    if len(name) <= 200:
+        return name
+    return f"{name[:187]}~{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 # configs/train.yaml names each sweep job's directory after its overrides with this.

@@ -2,6 +2,7 @@
 
     mt-train experiment=tatoeba_cpu
     mt-train model=base trainer.precision=bf16 optim.lr=7e-4
+    mt-train -m hparams_search=europarl_tatoeba_cpu        # an Optuna study (transformer/sweep.py)
     torchrun --nproc_per_node=2 -m transformer.train experiment=iwslt2017_base
 """
 
@@ -20,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from transformer import cli, finetune
+from transformer import cli, finetune, sweep
 from transformer.checkpoint import CheckpointError, load_meta, load_model
 from transformer.config import TrainConfig, to_dataclass
 from transformer.corpus import USER_PATH_KEYS, user_path
@@ -158,15 +159,26 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
     return to_dataclass(TrainConfig, hydra_cfg), OmegaConf.to_yaml(hydra_cfg, resolve=True)
 
 
+def job(hydra_cfg: DictConfig) -> float:
+    """One `mt-train` run; returns its best mean dev BLEU, the objective a sweeper reads.
+
+    In a sweep (`mt-train -m`) a run is a trial: one that diverges scores 0 and the sweep
+    goes on (`sweep.trial_score`); alone, it ends the command with one line and status 1.
+    """
+    cfg, run_config_yaml = configure(hydra_cfg)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return sweep.trial_score(lambda: train(cfg, run_config_yaml))
+    return train(cfg, run_config_yaml).state.best_bleu
+
+
 @hydra.main(config_path=cli.CONFIG_PATH, config_name="train", version_base="1.3")
-def hydra_main(hydra_cfg: DictConfig) -> None:
+def hydra_main(hydra_cfg: DictConfig) -> float:
     try:
-        cli.run("mt-train", lambda: train(*configure(hydra_cfg)))
+        return cli.run("mt-train", lambda: job(hydra_cfg))
     except SystemExit as e:  # refused or interrupted: take back the empty directories Hydra made
         if e.code not in (0, None) and _started is not None:
             remove_new_empty_dirs(HydraConfig.get().runtime.output_dir, _started, Path.cwd())
         raise
-
 
 
 def main() -> None:

@@ -1,0 +1,116 @@
+"""A hyper-parameter study over `mt-train` runs: `mt-train -m hparams_search=<name>`.
+
+Hydra's Optuna sweeper (the `tune` extra: `pip install -e ".[tune]"`) asks Optuna for a
+trial's settings, runs them as one sweep job of `mt-train`, in its own run directory named
+after them (configs/train.yaml), and tells Optuna what the job returned: `trial_score`.
+`configs/hparams_search/*.yaml` describe the studies: search space, sampler, the budget
+of a trial, where the study is stored.
+
+The study lives in a database (SQLite under the sweep directory), so that running the same
+command again resumes it. `ResumeStudy`, a Hydra callback the study configs name, makes
+that exact, where the sweeper alone would not be:
+- `hydra.sweeper.n_trials` is the study's total: the sweeper runs that many *more* on every
+  invocation, so the callback lowers it to the trials still missing;
+- a trial the stopped study left running (Ctrl-C, a killed process) is marked failed and
+  its settings are asked again first: the same settings name the same run directory, so
+  the trial continues from its last checkpoint instead of starting over.
+One `mt-train -m` at a time may run a study (a second one would take the first one's
+running trials for stale).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, open_dict, read_write
+
+from transformer import cli
+from transformer.divergence import TrainingDiverged
+from transformer.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+# What a diverged trial scores: the BLEU of a model that translates nothing. A number, not
+# a failure: Optuna leaves failed trials out of TPE's model, which would keep sampling the
+# learning rates that diverge; a score of 0 teaches it to avoid them, and the study goes on.
+DIVERGED_SCORE = 0.0
+
+
+def trial_score(train: Callable[[], Trainer]) -> float:
+    """Run one trial (`train`) and return its objective: the run's best selection score,
+    the mean dev BLEU over the dev sets of a mix (`Validator.selection_score`).
+
+    The best, not the last validation's, because it is kept in the training state: a
+    trial asked again (the same settings, the same run directory) resumes a finished run
+    and returns its score without training; and it is the checkpoint a recipe ships
+    (`checkpoints/best`). The study configs validate once, at the end of the trial's
+    budget (`trainer.val_every` beyond it), so there the best is the final weights' score
+    and no trial gains from the noise of several looks at the dev set.
+
+    A trial that diverges scores DIVERGED_SCORE, with one line in the log; one that was
+    interrupted (SIGINT/SIGTERM: it saved a checkpoint) stops the study, which a rerun
+    of the command resumes, continuing this trial.
+    """
+    try:
+        trainer = train()
+    except TrainingDiverged as e:
+        log.warning("%s; the trial scores %s and the sweep goes on", e, DIVERGED_SCORE)
+        return DIVERGED_SCORE
+    if trainer.stop_signal is not None:
+        raise KeyboardInterrupt
+    return trainer.state.best_bleu
+
+
+class ResumeStudy(Callback):
+    """Hydra callback (`hydra.callbacks`) of a study config: before the sweeper starts,
+    make the sweep directory (the SQLite file's home), re-ask the trials a stopped study
+    left running, and set `hydra.sweeper.n_trials` to the trials the study still lacks.
+
+    The sampler's seed is offset by the trials the study holds: with the same seed, a
+    resumed study would draw its first random trials again (TPE starts at random).
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        cli.setup_logging()
+        Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
+        sweeper = config.hydra.sweeper
+        if not sweeper.get("storage"):
+            return  # an in-memory study: nothing to resume
+        done, held = resume_study(sweeper.storage, sweeper.study_name)
+        to_go = max(0, sweeper.n_trials - done)
+        log.info("study %s: %d of %d trials done, %d to go", sweeper.study_name, done,
+                 sweeper.n_trials, to_go)
+        with read_write(config.hydra), open_dict(config.hydra):
+            sweeper.n_trials = to_go
+            if held and sweeper.get("sampler") is not None and sweeper.sampler.get("seed") is not None:
+                sweeper.sampler.seed += held
+
+
+def resume_study(storage: str, study_name: str) -> tuple[int, int]:
+    """Prepare a stored study to continue; returns its finished trials (complete or
+    pruned) and all the trials it holds (0, 0 for a study not made yet). Each trial left
+    running is marked failed and its settings are queued: the sweeper's next trial is
+    that one again."""
+    import optuna  # the tune extra: imported only where a study is run
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # the SQLite schema's set-up, line by line
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:  # no such study yet: the sweeper creates it
+        return 0, 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL)
+        with warnings.catch_warnings():  # enqueue_trial is "experimental" in optuna 2
+            warnings.simplefilter("ignore")
+            study.enqueue_trial(trial.params)
+        log.info("trial %d was left running by a stopped study: asked again, %s", trial.number,
+                 trial.params)
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return len(finished), len(study.get_trials(deepcopy=False))
