@@ -73,10 +73,13 @@ def commands(page: Path) -> list[tuple[str, list[str]]]:
 
 
 def _first_of_sweep(override: str) -> str:
-    """`optim.lr=1e-3,5e-3` in a multirun: the first value (what one job composes)."""
+    """`optim.lr=1e-3,5e-3` or `optim.lr=choice(1e-3, 5e-3)` in a multirun: the first value
+    (what one job composes)."""
     key, _, value = override.partition("=")
+    if value.startswith("choice(") and value.endswith(")"):
+        value = value[len("choice("):-1]
     if "," in value and not value.startswith(("[", "{", "'", '"')):
-        value = value.split(",")[0]
+        value = value.split(",")[0].strip()
     return f"{key}={value}"
 
 
@@ -97,6 +100,10 @@ def test_every_documented_command_composes(page, prog, args):
         parse_args([a for a in args if a])
         return
     name, schema = HYDRA_COMMANDS[prog]
+    if any(a.startswith("hparams_search=") for a in args):  # an Optuna study: the tune extra
+        pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    if any("submitit" in a for a in args):
+        pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     multirun = "-m" in args or "--multirun" in args
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     if multirun:
