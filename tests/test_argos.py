@@ -95,8 +95,9 @@ def test_argos_translate_joins_sentences_and_writes_underscores_as_spaces():
         "un file nome. Due."
 
 
-def test_output_is_replaced_only_with_force_and_only_if_a_package(exported, tmp_path):
+def test_output_is_replaced_only_with_force_and_only_if_a_package(exported, tmp_path, monkeypatch):
     ckpt, _, _ = exported
+    monkeypatch.setattr(argos, "check_with_argostranslate", lambda packed, root: None)  # the fixture ran it
     out = tmp_path / "m.argosmodel"
     out.write_bytes(b"not a zip")
     cfg = ExportConfig(checkpoint=str(ckpt), output=str(out), format="argos")
