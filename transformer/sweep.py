@@ -42,8 +42,8 @@ DIVERGED_SCORE = 0.0
 
 
 def trial_score(train: Callable[[], Trainer]) -> float:
-    """Run one trial (`train`) and return its objective: the run's best selection score,
-    the mean dev BLEU over the dev sets of a mix (`Validator.selection_score`).
+    """Run one trial (`train`) and return its objective: the run's best selection score
+    (`Validator.selection_score`: the dev BLEU, or the mean over the dev sets of a mix).
 
     The best, not the last validation's, because it is kept in the training state: a
     trial asked again (the same settings, the same run directory) resumes a finished run
@@ -79,8 +79,8 @@ class ResumeStudy(Callback):
         cli.setup_logging()
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         sweeper = config.hydra.sweeper
-        if not sweeper.get("storage"):
-            return  # an in-memory study: nothing to resume
+        if not (sweeper.get("storage") and sweeper.get("study_name")):
+            return  # a study kept in memory, or under a new random name: nothing to resume
         done, held = resume_study(sweeper.storage, sweeper.study_name)
         to_go = max(0, sweeper.n_trials - done)
         log.info("study %s: %d of %d trials done, %d to go", sweeper.study_name, done,
