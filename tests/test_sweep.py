@@ -189,3 +189,21 @@ def test_submitit_local_runs_each_trial_in_a_process_of_its_own(tmp_path):
     assert len(set(jobs)) == 2  # a local job's id is its process id: a process per trial
     for d in trial_dirs(tmp_path):
         assert (d / "checkpoints" / "step_4").is_dir()
+
+
+@pytest.mark.slow  # 20 s: two processes per trial
+def test_a_trial_of_two_submitit_tasks_trains_them_as_one_ddp_run(tmp_path):
+    """`hydra.launcher.tasks_per_node=2`: both tasks join one process group (gloo on CPU,
+    as torchrun would set it up); two rank-0 runs would collide on the run directory's
+    lock instead, and the trial would fail."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    mt_train(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+             "hydra.sweeper.n_trials=1")
+    (trial,) = trials(tmp_path)
+    assert trial.state.name == "COMPLETE" and trial.value >= 0
+    (job,) = [p for p in (tmp_path / "study" / ".submitit").iterdir() if p.name.isdigit()]
+    logs = sorted(f.name for f in job.glob("*_log.err"))
+    assert logs == [f"{job.name}_0_log.err", f"{job.name}_1_log.err"]
+    assert "in use by another mt-train" not in (job / logs[1]).read_text()
+    (run,) = trial_dirs(tmp_path)
+    assert (run / "checkpoints" / "step_4").is_dir()

@@ -21,6 +21,7 @@ running trials for stale).
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +65,26 @@ def trial_score(train: Callable[[], Trainer]) -> float:
     if trainer.stop_signal is not None:
         raise KeyboardInterrupt
     return trainer.state.best_bleu
+
+
+def join_submitit_tasks() -> None:
+    """Describe a trial's process group the way `torchrun` does, where the trial is a
+    submitit job of several tasks (`hydra.launcher.tasks_per_node=N`, one per GPU): then
+    `mt-train` trains it with DDP, rank 0 validating and returning the score (the one
+    Hydra's submitit launcher reads). Nothing changes outside such a job, or under
+    `torchrun`. Each process keeps every GPU in sight and takes cuda:LOCAL_RANK."""
+    if "RANK" in os.environ:
+        return
+    try:
+        import submitit
+    except ImportError:  # no tune extra: not a submitit job
+        return
+    try:
+        tasks = submitit.JobEnvironment().num_tasks
+    except RuntimeError:  # not inside a submitit or Slurm job
+        return
+    if tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
 class ResumeStudy(Callback):

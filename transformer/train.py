@@ -167,6 +167,7 @@ def job(hydra_cfg: DictConfig) -> float:
     """
     cfg, run_config_yaml = configure(hydra_cfg)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
+        sweep.join_submitit_tasks()  # a trial of several submitit tasks trains with DDP
         return sweep.trial_score(lambda: train(cfg, run_config_yaml))
     return train(cfg, run_config_yaml).state.best_bleu
 
