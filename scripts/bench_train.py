@@ -9,8 +9,8 @@ in fp32 and bf16 autocast.
     python scripts/bench_train.py                      # small model, fp32 and bf16
     python scripts/bench_train.py --baseline sdpa-math --precisions bf16   # attention paths
     python scripts/bench_train.py --model base --steps 10 --precisions bf16 --peak-tflops 989   # a GPU
-    python scripts/bench_train.py --data europarl_tatoeba --set corpora.tatoeba=3 --precisions fp32 \
-        --peak-tflops measure          # a mix's batches; utilisation of a measured matmul peak
+    python scripts/bench_train.py --data tatoeba europarl_tatoeba --set corpora.tatoeba=3 \
+        --peak-tflops measure          # both data sets (the mix 3:1); utilisation of a measured matmul peak
 
 With a mix (`--data europarl_tatoeba`) the batches are drawn by the corpus weights, as in
 training. `--peak-tflops measure` times a large matrix product in each precision on the
@@ -137,8 +137,49 @@ def step_flops(model, batches: list[Batch]) -> float:
     return sum(6 * (enc * b.src_ids.numel() + dec * b.tgt_in_ids.numel()) for b in batches)
 
 
-def matmul_tflops(precision: str, device: torch.device, n: int = 4096, reps: int = 5) -> float:
-    """Attainable dense TFLOP/s: the median of `reps` n x n matrix products in `precision`."""
+# Where a step's time goes: each profiled op's own time by kind. Ops on a (tokens x
+# vocabulary) tensor are the loss's (the output matmul stays a matmul).
+MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+KINDS = [("casts and copies", {"aten::copy_", "aten::_to_copy", "aten::clone"}),
+         ("attention softmax and masks", {"aten::_softmax", "aten::_softmax_backward_data",
+                                          "aten::masked_fill", "aten::masked_fill_", "aten::div"}),
+         ("LayerNorm", {"aten::native_layer_norm", "aten::native_layer_norm_backward"}),
+         ("optimizer", {"aten::_fused_adamw_", "aten::_fused_adam_", "aten::lerp_", "aten::addcdiv_",
+                        "aten::addcmul_", "aten::sqrt", "aten::linalg_vector_norm", "aten::_foreach_norm"})]
+
+
+def profile_step(model, loss_fn, opt, batches: list[Batch], precision: str, device: torch.device,
+                 vocab: int, flops: float, peak: float | None) -> None:
+    """One profiled round of this trainer's steps: milliseconds per step by kind of op, and
+    the utilisation if everything but the matrix products took no time (the floor)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        secs, _ = run_steps(model, loss_fn, opt, batches, precision, device)
+    per_kind: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type.name != "CPU" or not e.name.startswith("aten::"):
+            continue
+        kind = "matrix products" if e.name in MATMUL_OPS else None
+        if kind is None and any(s and s[-1] == vocab for s in e.input_shapes if isinstance(s, list)):
+            kind = "loss (tokens x vocabulary)"
+        kind = kind or next((k for k, names in KINDS if e.name in names), "other element-wise")
+        per_kind[kind] = per_kind.get(kind, 0.0) + e.self_cpu_time_total / 1e3
+    n = len(batches)
+    total = sum(per_kind.values())
+    print(f"{'':<10}profile of one round ({secs / n * 1e3:.0f} ms a step under the profiler), ms a step:")
+    for kind, ms in sorted(per_kind.items(), key=lambda kv: -kv[1]):
+        print(f"{'':<12}{kind:<30}{ms / n:8.1f}  {ms / total:6.1%}")
+    if peak:
+        mm = per_kind.get("matrix products", 0.0) / 1e3
+        print(f"{'':<12}floor: the matrix products alone would run at "
+              f"{flops / mm / 1e12:.3f} TFLOP/s, MFU {flops / mm / 1e12 / peak:.1%}")
+
+
+def matmul_tflops(precision: str, device: torch.device, n: int = 4096, reps: int = 10) -> float:
+    """Attainable dense TFLOP/s: the fastest of `reps` n x n matrix products in `precision`
+    (the fastest, not the median: on a shared machine a median counts other processes' time,
+    which put the same CPU's bf16 peak anywhere from 0.62 to 0.92 TFLOP/s)."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     secs = []
@@ -150,13 +191,27 @@ def matmul_tflops(precision: str, device: torch.device, n: int = 4096, reps: int
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         secs.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(secs[1:]) / 1e12
+    return 2 * n**3 / min(secs[1:]) / 1e12
+
+
+def load_batches(name: str, overrides: list[str], max_tokens: int, steps: int, device: torch.device):
+    """(data, the first `steps` batches of epoch 0 on `device`) of configs/data/<name>.yaml;
+    `overrides` (KEY=VALUE) apply where the data config has the key (corpora.* to a mix)."""
+    data_yaml = OmegaConf.load(CONFIGS / "data" / f"{name}.yaml")
+    mine = [o for o in overrides if OmegaConf.select(data_yaml, o.split("=", 1)[0]) is not None]
+    data = prepare_data(to_dataclass(DataConfig, OmegaConf.merge(data_yaml, OmegaConf.from_dotlist(mine))))
+    tok = data.tokenizer
+    train = data.train.select_columns(["src_ids", "tgt_ids"])
+    sampler = TokenBatchSampler(*token_lengths(train), max_tokens=max_tokens, seed=1,
+                                mixture=data.mixture(seed=1))
+    return data, [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id).to(device)
+                  for idx in sampler.batches(0)[:steps]]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small", help="a configs/model/*.yaml name")
-    ap.add_argument("--data", default="tatoeba", help="a configs/data/*.yaml name")
+    ap.add_argument("--data", nargs="+", default=["tatoeba"], help="configs/data/*.yaml names, one table each")
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=20, help="steps per timed round")
     ap.add_argument("--rounds", type=int, default=3)
@@ -170,7 +225,11 @@ def main() -> None:
                     help="the device's dense peak at this precision, to print model FLOPs utilisation "
                          "(H100 SXM bf16: 989; H200: 989), or 'measure' to time a large matmul")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="overrides of the data config, e.g. corpora.tatoeba=3")
+                    help="overrides of the data config where it has the key, e.g. corpora.tatoeba=3")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, profile one round of this trainer's steps: time by kind of op")
+    ap.add_argument("--model-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides of the model config, e.g. pre_norm=true attn_dropout=0 (the prose recipe)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.threads:
@@ -179,60 +238,67 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
     else:  # what mt-train does on CPU; a process-wide setting, so both models run with it
         keep_large_blocks_in_the_heap()
-    data_yaml = OmegaConf.merge(OmegaConf.load(CONFIGS / "data" / f"{args.data}.yaml"),
-                                OmegaConf.from_dotlist(args.set))
-    data_cfg = to_dataclass(DataConfig, data_yaml)
-    data = prepare_data(data_cfg)
-    tok = data.tokenizer
-    model_cfg = to_dataclass(ModelConfig, OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
-    model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    train = data.train.select_columns(["src_ids", "tgt_ids"])
-    sampler = TokenBatchSampler(*token_lengths(train), max_tokens=args.max_tokens, seed=1,
-                                mixture=data.mixture(seed=1))
-    batches = [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id).to(device)
-               for idx in sampler.batches(0)[: args.steps]]
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else describe_cpu()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     if device.type == "cpu" and "bf16" in args.precisions and not cpu_bf16_support()[0]:
         print("note: this CPU has no native bf16: bf16 autocast is emulated, ~30x slower than fp32")
-    print(f"model={args.model} vocab={tok.vocab_size} threads={torch.get_num_threads()} "
-          f"batches={len(batches)} x ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens"
-          + (f", corpus weights {data.weights}" if data.weights else ""))
-    print(f"parameters: this trainer {count_parameters(build_model(model_cfg)):,}, "
-          f"nn.Transformer {count_parameters(TorchTransformerMT(model_cfg)):,} (its final LayerNorms)")
-    base_name = "nn.Transformer" if args.baseline == "torch" else "SDPA math"
-    print(f"{'precision':<10}{'this trainer tok/s':>20}{base_name + ' tok/s':>22}{'ratio':>8}")
-    for precision in args.precisions:
-        torch.manual_seed(0)
-        ours = build_model(model_cfg).to(device)
-        runs = {"ours": (ours, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
-        # ours: the trainer's own optimizer (fused AdamW); the baseline: what an
-        # nn.Transformer user writes (torch.optim.Adam, PyTorch's default implementation)
-        opts = {"ours": build_optimizer(ours, OptimConfig(lr=1e-4), device),
-                "torch": torch.optim.Adam(runs["torch"][0].parameters(), lr=1e-4,
-                                          betas=(0.9, 0.98), eps=1e-9)}
-        for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
-            run_steps(m, fn, opts[k], batches[:3], precision, device)
-        rates: dict[str, list[float]] = {"ours": [], "torch": []}
-        secs_ours: list[float] = []
-        for _ in range(args.rounds):
-            for k, (m, fn) in runs.items():
-                secs, toks = run_steps(m, fn, opts[k], batches, precision, device)
-                rates[k].append(toks / secs)
-                if k == "ours":
-                    secs_ours.append(secs)
-        o, t = statistics.median(rates["ours"]), statistics.median(rates["torch"])
-        extra = ""
-        if args.peak_tflops:
-            peak = (matmul_tflops(precision, device) if args.peak_tflops == "measure"
-                    else float(args.peak_tflops))
-            achieved = step_flops(ours, batches) / statistics.median(secs_ours) / 1e12
-            extra += f"  model TFLOP/s {achieved:.3f}, peak {peak:.3f}, MFU {achieved / peak:.1%}"
-        if device.type == "cuda":
-            extra += f"  peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
-        print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
-        rounds = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["ours"], rates["torch"]))
-        print(f"{'':<10}rounds (this trainer/{base_name}): {rounds}")
+    peaks: dict[str, float] = {}
+    for name in args.data:
+        data, batches = load_batches(name, args.set, args.max_tokens, args.steps, device)
+        tok = data.tokenizer
+        model_yaml = OmegaConf.merge(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"),
+                                     OmegaConf.from_dotlist(args.model_set))
+        model_cfg = dataclasses.replace(to_dataclass(ModelConfig, model_yaml),
+                                        vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+        print(f"\ndata={name} model={args.model} {' '.join(args.model_set)} vocab={tok.vocab_size} "
+              f"threads={torch.get_num_threads()} batches={len(batches)} x "
+              f"~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} target tokens"
+              + (f", corpus weights {data.weights}" if data.weights else ""))
+        print(f"parameters: this trainer {count_parameters(build_model(model_cfg)):,}, "
+              f"nn.Transformer {count_parameters(TorchTransformerMT(model_cfg)):,} (its final LayerNorms)")
+        base_name = "nn.Transformer" if args.baseline == "torch" else "SDPA math"
+        print(f"{'precision':<10}{'this trainer tok/s':>20}{base_name + ' tok/s':>22}{'ratio':>8}")
+        for precision in args.precisions:
+            if args.peak_tflops == "measure" and precision not in peaks:
+                peaks[precision] = matmul_tflops(precision, device)
+            peak = peaks.get(precision) or (float(args.peak_tflops) if args.peak_tflops else None)
+            bench_precision(args, model_cfg, batches, precision, device, base_name, peak)
+
+
+def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precision: str,
+                    device: torch.device, base_name: str, peak: float | None) -> None:
+    """Alternating timed rounds of this trainer and the baseline; one line of results."""
+    torch.manual_seed(0)
+    ours = build_model(model_cfg).to(device)
+    runs = {"ours": (ours, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
+    # ours: the trainer's own optimizer (fused AdamW); the baseline: what an
+    # nn.Transformer user writes (torch.optim.Adam, PyTorch's default implementation)
+    opts = {"ours": build_optimizer(ours, OptimConfig(lr=1e-4), device),
+            "torch": torch.optim.Adam(runs["torch"][0].parameters(), lr=1e-4,
+                                      betas=(0.9, 0.98), eps=1e-9)}
+    for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
+        run_steps(m, fn, opts[k], batches[:3], precision, device)
+    rates: dict[str, list[float]] = {"ours": [], "torch": []}
+    secs_ours: list[float] = []
+    for _ in range(args.rounds):
+        for k, (m, fn) in runs.items():
+            secs, toks = run_steps(m, fn, opts[k], batches, precision, device)
+            rates[k].append(toks / secs)
+            if k == "ours":
+                secs_ours.append(secs)
+    o, t = statistics.median(rates["ours"]), statistics.median(rates["torch"])
+    extra = ""
+    if peak:
+        achieved = step_flops(ours, batches) / statistics.median(secs_ours) / 1e12
+        extra += f"  model TFLOP/s {achieved:.3f}, peak {peak:.3f}, MFU {achieved / peak:.1%}"
+    if device.type == "cuda":
+        extra += f"  peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+    print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
+    rounds = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["ours"], rates["torch"]))
+    print(f"{'':<10}rounds (this trainer/{base_name}): {rounds}", flush=True)
+    if args.profile:
+        profile_step(ours, ours_loss, opts["ours"], batches, precision, device,
+                     model_cfg.vocab_size, step_flops(ours, batches), peak)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transformer.dropout import Dropout, keep_mask
+from transformer.dropout import Dropout, keep_factor, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -48,3 +48,16 @@ def test_seeded_masks_repeat_and_gradients_follow_the_mask():
 def test_bf16_inputs_stay_bf16():
     x = torch.randn(32, 32, dtype=torch.bfloat16)
     assert Dropout(0.1).train()(x).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_the_factor_in_the_inputs_dtype_is_the_same_draw_as_the_bool_mask(dtype):
+    """Dropout multiplies by a 1/0 factor written in the input's dtype (bf16 as its bit
+    pattern): it must be exactly the bool mask's draw from the same seed."""
+    shape = torch.Size([7, 13, 33])  # not a multiple of 4 elements
+    torch.manual_seed(3)
+    mask = keep_mask(shape, 0.2)
+    torch.manual_seed(3)
+    factor = keep_factor(shape, 0.2, dtype)
+    assert factor.dtype == dtype and factor.shape == shape
+    assert torch.equal(factor, mask.to(dtype))

@@ -66,8 +66,10 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> t
     """Explicit softmax(q k^T / sqrt(Dh) + mask) -> (B, H, T, S); empty rows are zeros."""
     scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5  # (B, H, T, S)
     open_mask, has_key = _open_empty_rows(mask)
-    scores = scores.masked_fill(~open_mask, torch.finfo(scores.dtype).min)
-    return scores.softmax(dim=-1).masked_fill(~has_key, 0.0)
+    weights = scores.masked_fill_(~open_mask, torch.finfo(scores.dtype).min).softmax(dim=-1)
+    # Only an all-padding sequence has empty rows (training batches never do): skip the
+    # pass over the weights, and its backward, when every row has a key.
+    return weights if bool(has_key.all()) else weights.masked_fill(~has_key, 0.0)
 
 
 class MultiHeadAttention(nn.Module):

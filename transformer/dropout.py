@@ -20,13 +20,35 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _lanes(n: int) -> np.ndarray:
+    """n uniform int16s, four to each 64-bit word of a generator seeded from torch's."""
+    seed = int(torch.randint(0, 2**62, (1,)))  # from torch's generator: seeding works as usual
+    return np.random.SFC64(seed).random_raw((n + 3) // 4).view(np.int16)[:n]
+
+
+def _threshold(p: float) -> int:
+    return -32768 + round(p * 65536)
+
+
 def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
     """Bool tensor of `shape`, each element True with probability 1 - p (to 1/65536)."""
-    n = shape.numel()
-    seed = int(torch.randint(0, 2**62, (1,)))  # from torch's generator: seeding works as usual
-    words = np.random.SFC64(seed).random_raw((n + 3) // 4).view(np.int64)
-    lanes = torch.from_numpy(words).view(torch.int16)[:n].view(shape)  # 4 uniform 16-bit integers per word
-    return lanes >= -32768 + round(p * 65536)
+    return torch.from_numpy(_lanes(shape.numel()) >= _threshold(p)).view(shape)
+
+
+def keep_factor(shape: torch.Size, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """The same draw as `keep_mask`, as 1.0 (keep) and 0.0 (drop) in `dtype`.
+
+    Multiplying by a bool tensor converts it to the other operand's dtype first, on a
+    slow path (1.9 ms against 0.34 ms for a bf16 product of 4M elements, AMD EPYC Zen 4):
+    numpy writes the factor in the dtype itself, bf16 as the bit pattern of 1.0 (0x3F80).
+    """
+    keep = _lanes(shape.numel()) >= _threshold(p)
+    if dtype == torch.bfloat16:
+        bits = keep.view(np.uint8).astype(np.int16) * np.int16(0x3F80)
+        return torch.from_numpy(bits).view(torch.bfloat16).view(shape)
+    if dtype == torch.float32:
+        return torch.from_numpy(keep.astype(np.float32)).view(shape)
+    return torch.from_numpy(keep).view(shape).to(dtype)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -35,7 +57,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         # numpy's generator cannot be traced: a compiled graph draws its own mask
         return F.dropout(x, p, training)
-    return x.mul(keep_mask(x.shape, p)).mul_(1.0 / (1.0 - p))  # in place: one tensor less
+    return x.mul(keep_factor(x.shape, p, x.dtype)).mul_(1.0 / (1.0 - p))  # in place: one tensor less
 
 
 class Dropout(nn.Module):
