@@ -1,7 +1,7 @@
 """The data pipeline's entry points: `prepare_data` for training, `load_test_set` for evaluation.
 
 prepare_data: load -> clean (NFC, whitespace, empty pairs) -> joint SentencePiece
-vocabulary -> encode with `datasets.map` in `num_proc` processes -> length filters
+vocabulary -> encode (`datasets.map`, SentencePiece in `num_proc` threads) -> length filters
 (train only) -> save. A mix of corpora (`data.name=mix`) goes through the same steps per
 corpus, with one vocabulary trained on a sample balanced by the corpora's weights. The
 result is cached under `{cache_dir}/prepared-<key>/`, keyed by the cleaned text's digest and
@@ -244,28 +244,31 @@ def _clean(raw: dict[str, Pairs], suffix: str = "") -> tuple[dict[str, Pairs], d
 
 
 class _Encode:
-    """The datasets.map function (a class, so it pickles into the worker processes)."""
+    """The datasets.map function: a batch's texts to ids, in `num_threads` threads."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, num_threads: int = 1) -> None:
+        self.tokenizer, self.num_threads = tokenizer, num_threads
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         return {
-            "src_ids": self.tokenizer.encode(batch["src"]),
-            "tgt_ids": self.tokenizer.encode(batch["tgt"]),
+            "src_ids": self.tokenizer.encode(batch["src"], self.num_threads),
+            "tgt_ids": self.tokenizer.encode(batch["tgt"], self.num_threads),
         }
 
 
 def encode(pairs: Pairs, tokenizer: Tokenizer, num_proc: int = 1) -> datasets.Dataset:
-    """A Dataset with `src`, `tgt`, `src_ids`, `tgt_ids`, encoded in `num_proc` processes."""
+    """A Dataset with `src`, `tgt`, `src_ids`, `tgt_ids`, encoded by `num_proc` threads.
+
+    SentencePiece's own threads, in this process: `datasets.map(num_proc=2)` forked
+    workers that each received a pickled copy of their shard, and was slower than one
+    process (68 against 64 s for 1M pairs, AMD EPYC Zen 4) at twice the peak memory
+    (12.6 against 6.7 GB at 3M pairs; scripts/bench_scale.py).
+    """
     ds = datasets.Dataset.from_dict({"src": pairs.src, "tgt": pairs.tgt})
-    # worker start-up costs more than it saves on small corpora
-    procs = num_proc if num_proc > 1 and len(pairs) >= 50_000 else None
     return ds.map(
-        _Encode(tokenizer),
+        _Encode(tokenizer, num_proc),
         batched=True,
         batch_size=10_000,
-        num_proc=procs,
         features=_FEATURES,
         new_fingerprint=f"encode-{tokenizer.digest}-{corpus.digest(pairs)}",
         desc="encoding",

@@ -72,9 +72,9 @@ class Tokenizer:
     bos_id = BOS_ID
     eos_id = EOS_ID
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, without BOS or EOS."""
-        return self._sp.encode(list(texts), out_type=int)
+    def encode(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Token ids of each text, without BOS or EOS; `num_threads` SentencePiece threads."""
+        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Iterable[Iterable[int]]) -> list[str]:
         """Text of each id sequence: stops at the first EOS, skips padding and BOS."""
