@@ -433,8 +433,8 @@ def test_a_copied_or_touched_corpus_finds_its_cache_by_its_text(tmp_path, monkey
     first = prepare_data(files_cfg(corpus_dir))
     assert not first.from_cache
     reads = []
-    real_load = corpus.load_corpus
-    monkeypatch.setattr(corpus, "load_corpus", lambda cfg: reads.append(cfg.name) or real_load(cfg))
+    real_clean = data_module.clean_corpus
+    monkeypatch.setattr(data_module, "clean_corpus", lambda cfg, *a: reads.append(cfg.name) or real_clean(cfg, *a))
     monkeypatch.setattr(data_module, "_build", lambda *a, **k: pytest.fail("prepared again"))
 
     assert prepare_data(files_cfg(corpus_dir)).from_cache and reads == []  # not even read

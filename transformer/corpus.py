@@ -14,13 +14,14 @@ from __future__ import annotations
 import bz2
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import lzma
 import os
 import unicodedata
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -28,6 +29,7 @@ from urllib.parse import quote
 import datasets
 import fsspec
 import numpy as np
+import pyarrow as pa
 
 from transformer.config import PROJECT_ROOT, DataConfig
 
@@ -62,6 +64,11 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.src)
 
+    def take(self, rows: Iterable[int]) -> Pairs:
+        """The pairs at `rows`, in that order."""
+        rows = list(rows)
+        return Pairs([self.src[i] for i in rows], [self.tgt[i] for i in rows], self.origin)
+
 
 def project_path(path: str | os.PathLike) -> Path:
     """A path to the project's own folders (`data.root`, `data.cache_dir`, the sample
@@ -88,20 +95,28 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
     `.gz`, `.xz` and `.bz2` files are decompressed while they are read.
     """
+    return list(iter_lines(path))
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[str]:
+    """`read_lines` as a stream: one line at a time, never the whole file in memory."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"corpus file not found: {path}")
     opener = COMPRESSED.get(path.suffix)
     if opener is None:
         with path.open("rb") as f:
-            return decode_lines(f, str(path))
-    lines: list[str] = []
+            yield from _decoded(f, str(path))
+        return
+    n = 0
     try:
         with opener(path, "rb") as f:
-            return decode_lines(f, str(path), lines)
+            for line in _decoded(f, str(path)):
+                n += 1
+                yield line
     except _ARCHIVE_ERRORS as e:
         raise DataError(f"{path}: corrupt or truncated {path.suffix[1:]} archive (it breaks "
-                        f"after line {len(lines)}: {' '.join(str(e).split()) or type(e).__name__})") from None
+                        f"after line {n}: {' '.join(str(e).split()) or type(e).__name__})") from None
 
 
 def text_format(path: str | os.PathLike) -> str:
@@ -110,11 +125,13 @@ def text_format(path: str | os.PathLike) -> str:
     return Path(path.stem).suffix if path.suffix in COMPRESSED else path.suffix
 
 
-def decode_lines(raw_lines: Iterable[bytes], name: str, lines: list[str] | None = None) -> list[str]:
+def decode_lines(raw_lines: Iterable[bytes], name: str) -> list[str]:
     """UTF-8 lines (a binary file, stdin's buffer) without their line ends or a leading BOM;
-    bad bytes raise DataError naming `name` and the line. Lines go into `lines` (if given)
-    as they are read, so a caller still has them when the stream breaks."""
-    lines = [] if lines is None else lines
+    bad bytes raise DataError naming `name` and the line."""
+    return list(_decoded(raw_lines, name))
+
+
+def _decoded(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
     for lineno, raw in enumerate(raw_lines, start=1):
         try:
             line = raw.decode("utf-8")
@@ -123,67 +140,80 @@ def decode_lines(raw_lines: Iterable[bytes], name: str, lines: list[str] | None 
                 f"{name}:{lineno}: not valid UTF-8 (byte {raw[e.start : e.start + 1]!r} "
                 f"at column {e.start + 1})"
             ) from None
-        lines.append(line.rstrip("\r\n"))
-    if lines and lines[0].startswith("\ufeff"):
-        lines[0] = lines[0][1:]
-    return lines
+        yield line[1:].rstrip("\r\n") if lineno == 1 and line.startswith("\ufeff") else line.rstrip("\r\n")
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Pairs:
     """Two line-aligned plain-text files."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"misaligned corpus: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}"
-        )
-    return Pairs(src, tgt, f"{src_path} + {tgt_path}")
+    return _pairs(iter_parallel(src_path, tgt_path), f"{src_path} + {tgt_path}")
 
 
-def read_tsv(path: str | os.PathLike) -> Pairs:
+def _pairs(stream: Iterable[tuple[str, str]], origin: str) -> Pairs:
+    src: list[str] = []
+    tgt: list[str] = []
+    for s, t in stream:
+        src.append(s)
+        tgt.append(t)
+    return Pairs(src, tgt, origin)
+
+
+_END = object()
+
+
+def iter_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Iterator[tuple[str, str]]:
+    """Two line-aligned plain-text files, a pair at a time; files of different lengths
+    raise DataError with both names and line counts when the shorter one ends."""
+    src, tgt = iter_lines(src_path), iter_lines(tgt_path)
+    for n, (s, t) in enumerate(itertools.zip_longest(src, tgt, fillvalue=_END)):
+        if s is _END or t is _END:
+            rest = 1 + sum(1 for _ in (tgt if s is _END else src))
+            n_src, n_tgt = (n, n + rest) if s is _END else (n + rest, n)
+            raise DataError(f"misaligned corpus: {src_path} has {n_src} lines but {tgt_path} has {n_tgt}")
+        yield s, t
+
+
+def iter_tsv(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
     """One `source<TAB>target` pair per line."""
-    src, tgt = [], []
-    for lineno, line in enumerate(read_lines(path), start=1):
+    for lineno, line in enumerate(iter_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
             raise DataError(
                 f"{path}:{lineno}: expected 2 tab-separated fields, found {len(fields)}"
             )
-        src.append(fields[0])
-        tgt.append(fields[1])
-    return Pairs(src, tgt, str(path))
+        yield fields[0], fields[1]
 
 
-def read_jsonl(path: str | os.PathLike, src_lang: str, tgt_lang: str) -> Pairs:
+def iter_jsonl(path: str | os.PathLike, src_lang: str, tgt_lang: str) -> Iterator[tuple[str, str]]:
     """One JSON object per line: `{"it": ..., "en": ...}` or `{"translation": {...}}`."""
-    src, tgt = [], []
-    for lineno, line in enumerate(read_lines(path), start=1):
+    for lineno, line in enumerate(iter_lines(path), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
             record = record.get("translation", record)
-            src.append(record[src_lang])
-            tgt.append(record[tgt_lang])
+            pair = record[src_lang], record[tgt_lang]
         except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
             raise DataError(
                 f"{path}:{lineno}: expected a JSON object with keys {src_lang!r} and "
                 f"{tgt_lang!r} (or under 'translation'): {e!r}"
             ) from None
-    return Pairs(src, tgt, str(path))
+        yield pair
 
 
-def read_pair_file(src: str | None, tgt: str | None, cfg: DataConfig) -> Pairs:
-    """A TSV or JSONL file (recognised by its extension), or a pair of plain-text files."""
+def iter_pair_file(src: str | None, tgt: str | None, cfg: DataConfig) -> tuple[Iterator[tuple[str, str]], str]:
+    """A TSV or JSONL file (recognised by its extension), or a pair of plain-text files:
+    its pairs as a stream, and their origin (for messages)."""
     if src is None:
         raise DataError("data=files needs train_src (and train_tgt for plain-text pairs)")
     src_path = user_path(src)
     if text_format(src_path) == ".tsv":
-        return read_tsv(src_path)
+        return iter_tsv(src_path), str(src_path)
     if text_format(src_path) in (".jsonl", ".json"):
-        return read_jsonl(src_path, cfg.src_lang, cfg.tgt_lang)
+        return iter_jsonl(src_path, cfg.src_lang, cfg.tgt_lang), str(src_path)
     if tgt is None:
         raise DataError(f"{src_path} is a plain-text file: its target file must be given too")
-    return read_parallel(src_path, user_path(tgt))
+    tgt_path = user_path(tgt)
+    return iter_parallel(src_path, tgt_path), f"{src_path} + {tgt_path}"
 
 
 # --- corpora -------------------------------------------------------------------------
@@ -223,7 +253,8 @@ def find_text(path: Path) -> Path:
 
 
 def load_corpus(cfg: DataConfig) -> dict[str, Pairs]:
-    """The raw `train` and `dev` pairs of the corpus named by `cfg.name`."""
+    """The raw `train` and `dev` pairs of the corpus named by `cfg.name`, in memory (for
+    small corpora and tests; preparation streams them: `cleaned.clean_corpus`)."""
     splits = {"train": load_split(cfg, "train")}
     if cfg.name == "files" and not cfg.dev_src:  # hold out the tail of train as dev
         train = splits["train"]
@@ -241,19 +272,26 @@ def load_corpus(cfg: DataConfig) -> dict[str, Pairs]:
 
 def load_split(cfg: DataConfig, split: str) -> Pairs:
     """One split (`train`, `dev`, or `test` for hub corpora) of the configured corpus."""
+    if cfg.name == "files" and split == "dev" and not cfg.dev_src:
+        return load_corpus(cfg)["dev"]
+    return _pairs(*iter_split(cfg, split))
+
+
+def iter_split(cfg: DataConfig, split: str) -> tuple[Iterator[tuple[str, str]], str]:
+    """One split of the configured corpus as a stream of pairs, and its origin. (A `files`
+    corpus without `dev_src` has no dev split of its own: `load_corpus` holds one out.)"""
     if cfg.name in HUB_DEFAULTS:
-        return load_hub_split(cfg, split)
+        return iter_hub_split(cfg, split)
     if cfg.name == "files":
         if split == "train":
-            return read_pair_file(cfg.train_src, cfg.train_tgt, cfg)
+            return iter_pair_file(cfg.train_src, cfg.train_tgt, cfg)
         if split == "dev" and cfg.dev_src:
-            return read_pair_file(cfg.dev_src, cfg.dev_tgt, cfg)
-        if split == "dev":
-            return load_corpus(cfg)["dev"]
+            return iter_pair_file(cfg.dev_src, cfg.dev_tgt, cfg)
     files = corpus_files(cfg)
     if split not in files:  # type: ignore[operator]
         raise DataError(f"corpus {cfg.name!r} has no {split!r} split")
-    return read_parallel(*files[split])  # type: ignore[index]
+    src, tgt = files[split]  # type: ignore[index]
+    return iter_parallel(src, tgt), f"{src} + {tgt}"
 
 
 def _hub_settings(cfg: DataConfig) -> tuple[str, str, str]:
@@ -282,8 +320,9 @@ def _glob(pattern: str) -> list[str]:
     return fs.glob(path)
 
 
-def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
-    """One split of a hub corpus whose rows are `translation: {it: ..., en: ...}`."""
+def iter_hub_split(cfg: DataConfig, split: str) -> tuple[Iterator[tuple[str, str]], str]:
+    """One split of a hub corpus whose rows are `translation: {it: ..., en: ...}`: its
+    pairs as a stream (read from the memory-mapped Arrow cache of `datasets`), and origin."""
     # datasets rejects a pattern that matches nothing: keep the layout this corpus uses
     patterns = [p for p in hub_data_files(cfg, split) if _glob(p)]
     if not patterns:
@@ -300,14 +339,22 @@ def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
         raise DataError(f"cannot load {patterns}: {e}") from e
     if "translation" not in ds.column_names:
         raise DataError(f"{patterns}: expected a 'translation' column, found {ds.column_names}")
-    translation = ds.with_format("arrow")[:].column("translation").combine_chunks()
-    try:
-        src, tgt = (translation.field(lang).to_pylist() for lang in (cfg.src_lang, cfg.tgt_lang))
-    except KeyError as e:
-        raise DataError(
-            f"{patterns}: no language {e} in 'translation' {translation.type}"
-        ) from None
-    return Pairs(src, tgt, " ".join(patterns))
+    table = ds.with_format("arrow")[:]
+    kind = table.schema.field("translation").type
+    for lang in (cfg.src_lang, cfg.tgt_lang):
+        if not pa.types.is_struct(kind) or kind.get_field_index(lang) < 0:
+            raise DataError(f"{patterns}: no language {lang!r} in 'translation' {kind}")
+
+    def pairs() -> Iterator[tuple[str, str]]:
+        for batch in table.column("translation").chunks:
+            yield from zip(batch.field(cfg.src_lang).to_pylist(), batch.field(cfg.tgt_lang).to_pylist(),
+                           strict=True)
+
+    return pairs(), " ".join(patterns)
+
+
+def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
+    return _pairs(*iter_hub_split(cfg, split))
 
 
 # --- cleaning ------------------------------------------------------------------------
@@ -348,10 +395,30 @@ def length_filter(
     return keep, {"too_long": int(too_long.sum()), "length_ratio": int(bad_ratio.sum())}
 
 
+class Digest:
+    """A content hash of pairs fed in chunks, the same however they are chunked: the UTF-8
+    text of the sources, their lengths, the same of the targets (read straight from Arrow
+    string arrays, without a copy into Python)."""
+
+    def __init__(self) -> None:
+        self._parts = [hashlib.sha256() for _ in range(4)]
+
+    def update(self, src: Sequence[str], tgt: Sequence[str]) -> None:
+        self.update_arrays(pa.array(src, pa.string()), pa.array(tgt, pa.string()))
+
+    def update_arrays(self, src: pa.Array, tgt: pa.Array) -> None:
+        for (text, lengths), side in zip((self._parts[:2], self._parts[2:]), (src, tgt), strict=True):
+            offsets = np.frombuffer(side.buffers()[1], np.int32)[side.offset : side.offset + len(side) + 1]
+            if len(side) and offsets[-1] > offsets[0]:
+                text.update(memoryview(side.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
+            lengths.update(np.diff(offsets).astype("<i8").tobytes())
+
+    def hexdigest(self) -> str:
+        return hashlib.sha256(b"".join(h.digest() for h in self._parts)).hexdigest()[:16]
+
+
 def digest(pairs: Pairs) -> str:
-    """A content hash of the pairs (the tokenizer's cache key)."""
-    h = hashlib.sha256()
-    for side in (pairs.src, pairs.tgt):
-        h.update("\n".join(side).encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+    """A content hash of the pairs (the tokenizer's and the prepared data's cache key)."""
+    d = Digest()
+    d.update(pairs.src, pairs.tgt)
+    return d.hexdigest()

@@ -14,6 +14,7 @@ Batching lives in `batching.py`, loading and cleaning in `corpus.py`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,9 +29,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from datasets.arrow_writer import ArrowWriter
 
 from transformer import corpus
 from transformer.batching import batching_statistics, token_lengths
+from transformer.cleaned import CleanSplit, Workers, clean_corpus, read_table
 from transformer.config import DataConfig
 from transformer.corpus import DataError, Pairs, project_path, user_path
 from transformer.mixing import CorpusMixture, mix_sample
@@ -38,13 +44,12 @@ from transformer.tokenizer import (
     TOKENIZER_RECIPE,
     Tokenizer,
     atomic_write,
-    iter_sides,
     load_or_train_tokenizer,
 )
 
 log = logging.getLogger(__name__)
 
-_PIPELINE_VERSION = "2"  # bump when cleaning, encoding or the layout changes, to invalidate caches
+_PIPELINE_VERSION = "3"  # bump when cleaning, encoding or the layout changes, to invalidate caches
 _FEATURES = datasets.Features(
     {
         "src": datasets.Value("string"),
@@ -113,6 +118,10 @@ def corpus_configs(cfg: DataConfig) -> dict[str, DataConfig]:
 def prepare_data(cfg: DataConfig) -> PreparedData:
     """Load, clean, tokenize and encode the corpora of `cfg`, or reuse the cached result.
 
+    Streams: the corpora are read, cleaned and hashed in chunks into Arrow files under a
+    temporary folder of the cache (`cleaned.py`), then encoded chunk by chunk into the
+    cache itself; memory does not grow with the corpus.
+
     Under DDP, call it on rank 0 first and on the other ranks after a barrier, so that
     they load the cache instead of all preparing the same data at once.
     """
@@ -123,16 +132,21 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         prepared = _load_prepared(cfg, known) if known else None
     if prepared is None:
         del timer.seconds["load cached"]
-        with timer("load"):
-            raw = {name: corpus.load_corpus(sub) for name, sub in corpus_configs(cfg).items()}
-        with timer("clean"):
-            corpora = {name: _clean(splits, _prefix(cfg, name)) for name, splits in raw.items()}
-        key = _content_key(cfg, corpora)
-        prepared = _load_prepared(cfg, key)  # the same text, prepared before (copied, touched)
-        if prepared is None:
-            prepared = _build(cfg, key, raw, corpora, timer)
-        else:  # the raw files may differ (blank lines, CRLF): count what these ones held
-            _count_raw(cfg, raw, corpora, prepared.stats)
+        cache = project_path(cfg.cache_dir)
+        cache.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=cache, prefix=".cleaning-"))
+        try:
+            with timer("read and clean"), Workers(cfg.num_proc) as workers:
+                corpora = {name: clean_corpus(sub, work, _prefix(cfg, name), workers)
+                           for name, sub in corpus_configs(cfg).items()}
+            key = _content_key(cfg, corpora)
+            prepared = _load_prepared(cfg, key)  # the same text, prepared before (copied, touched)
+            if prepared is None:
+                prepared = _build(cfg, key, corpora, timer)
+            else:  # the raw files may differ (blank lines, CRLF): count what these ones held
+                _count_raw(cfg, corpora, prepared.stats)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         if source:
             _write_source_note(cfg, source, key)
     if prepared.from_cache:
@@ -152,44 +166,52 @@ def _prefix(cfg: DataConfig, name: str) -> str:
     return f"/{name}" if cfg.name == "mix" else ""
 
 
-def _build(cfg: DataConfig, key: str, raw: dict[str, dict[str, Pairs]],
-           corpora: dict[str, tuple[dict[str, Pairs], dict[str, dict[str, int]]]], timer: _Timer,
-           ) -> PreparedData:
-    """Vocabulary, encoding, length filters; saved under the cache key and reopened."""
-    cleaned = {name: splits for name, (splits, _) in corpora.items()}
+def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]], timer: _Timer) -> PreparedData:
+    """Vocabulary, encoding and length filters, written into the cache under `key` (via a
+    temporary folder renamed when complete) and reopened memory-mapped."""
     stats: dict = {}
-    _count_raw(cfg, raw, corpora, stats)
+    _count_raw(cfg, corpora, stats)
     with timer("vocabulary"):
-        tokenizer, spm_path = _tokenizer(cfg, {name: s["train"] for name, s in cleaned.items()})
-    encoded: dict[str, datasets.Dataset] = {}
-    with timer("encode"):
-        for name, splits in cleaned.items():
-            for split, pairs in splits.items():
-                encoded[f"{split}{_prefix(cfg, name)}"] = encode(pairs, tokenizer, cfg.num_proc)
-    with timer("filter"):
-        for name, splits in cleaned.items():
-            split = f"train{_prefix(cfg, name)}"
-            encoded[split] = _length_filter(encoded[split], cfg, stats["dropped"][split], split,
-                                            splits["train"].origin)
-    with timer("save"):
-        stats.update(corpus_statistics(encoded, tokenizer))
-        _save_prepared(cfg, key, encoded, list(cleaned), spm_path, stats)
-        # reopen the saved copy: memory-mapped, and identical to what a cached run returns
-        prepared = _load_prepared(cfg, key)
+        tokenizer, spm_path = _tokenizer(cfg, {name: splits["train"] for name, splits in corpora.items()})
+    final = project_path(cfg.cache_dir) / f"prepared-{key}"
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        with timer("encode"), Workers(cfg.num_proc, _encoder, (tokenizer.proto, cfg.num_proc)) as workers:
+            sizes = {}
+            with _SplitWriter(tmp / "train" / _ARROW) as train:
+                for name, splits in corpora.items():
+                    label = f"train{_prefix(cfg, name)}"
+                    sizes[name] = train.encode(splits["train"], workers, (cfg, label, stats["dropped"][label]))
+            for name, splits in corpora.items():
+                with _SplitWriter(tmp / "dev" / name / _ARROW) as dev:
+                    dev.encode(splits["dev"], workers)
+        with timer("save"):
+            stats.update(corpus_statistics(tmp, sizes, tokenizer, cfg))
+            (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
+            meta = {"tokenizer": spm_path.name, "settings": _settings(cfg), "corpora": list(sizes),
+                    "sizes": list(sizes.values()),
+                    "weights": [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            if final.exists() and not (final / "meta.json").exists():
+                shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
+            with contextlib.suppress(OSError):  # a DDP rank saved the same data first: keep theirs
+                tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    prepared = _load_prepared(cfg, key)  # memory-mapped, identical to what a cached run returns
     assert prepared is not None
     prepared.from_cache = False
     return prepared
 
 
-def _count_raw(cfg: DataConfig, raw: dict[str, dict[str, Pairs]],
-               corpora: dict[str, tuple[dict[str, Pairs], dict[str, dict[str, int]]]], stats: dict) -> None:
+def _count_raw(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]], stats: dict) -> None:
     """Record in `stats` each split's pairs as read and those cleaning dropped (the length
     filters add theirs to the same `dropped` entries)."""
-    for name, (_, dropped) in corpora.items():
-        for split, pairs in raw[name].items():
+    for name, splits in corpora.items():
+        for split, clean in splits.items():
             label = f"{split}{_prefix(cfg, name)}"
-            stats.setdefault("raw_pairs", {})[label] = len(pairs)
-            stats.setdefault("dropped", {}).setdefault(label, {}).update(dropped[split])
+            stats.setdefault("raw_pairs", {})[label] = clean.raw
+            stats.setdefault("dropped", {}).setdefault(label, {}).update(empty=clean.empty)
 
 
 def given_tokenizer(path: str) -> Tokenizer:
@@ -207,10 +229,10 @@ def given_tokenizer(path: str) -> Tokenizer:
                         f"({' '.join(str(e).split())})") from None
 
 
-def _tokenizer(cfg: DataConfig, trains: dict[str, Pairs]) -> tuple[Tokenizer, Path]:
-    """The joint vocabulary: `data.tokenizer`'s, or trained on the corpus's sentences, or
-    for a mix on a sample of them balanced by the weights (cached under a digest of
-    exactly that text)."""
+def _tokenizer(cfg: DataConfig, trains: dict[str, CleanSplit]) -> tuple[Tokenizer, Path]:
+    """The joint vocabulary: `data.tokenizer`'s, or trained on the corpus's sentences (a
+    seeded sample of `spm_input_sentence_size`), or for a mix on a sample of them
+    balanced by the weights (cached under a digest of exactly that text)."""
     if cfg.tokenizer:  # copied into the cache, which names its tokenizer by file name
         tokenizer = given_tokenizer(cfg.tokenizer)
         path = project_path(cfg.cache_dir) / f"spm-given-{tokenizer.digest}.model"
@@ -221,7 +243,7 @@ def _tokenizer(cfg: DataConfig, trains: dict[str, Pairs]) -> tuple[Tokenizer, Pa
     spm = (cfg.spm_vocab_size, cfg.spm_model_type, cfg.spm_character_coverage, cfg.spm_input_sentence_size)
     if cfg.name != "mix":
         (train,) = trains.values()
-        return load_or_train_tokenizer(iter_sides(train.src, train.tgt), corpus.digest(train),
+        return load_or_train_tokenizer(_Lazy(lambda: train.sentences(cfg.spm_input_sentence_size)), train.digest,
                                        project_path(cfg.cache_dir), *spm, setting="data.spm_vocab_size")
     weights = [cfg.corpora[name] for name in trains]
     sample = mix_sample(list(trains.values()), weights, cfg.spm_input_sentence_size)
@@ -230,21 +252,91 @@ def _tokenizer(cfg: DataConfig, trains: dict[str, Pairs]) -> tuple[Tokenizer, Pa
                                    setting="data.spm_vocab_size")
 
 
-def _clean(raw: dict[str, Pairs], suffix: str = "") -> tuple[dict[str, Pairs], dict[str, dict[str, int]]]:
-    splits, dropped = {}, {}
-    for name, pairs in raw.items():
-        kept, n_empty = corpus.drop_empty(corpus.normalize_pairs(pairs))
-        log.info("%s%s: dropped %d of %d pairs with an empty side", name, suffix, n_empty, len(pairs))
-        if not kept:
-            raise DataError(
-                f"{name}{suffix} split is empty after cleaning ({len(pairs)} pairs read from {pairs.origin})"
-            )
-        splits[name], dropped[name] = kept, {"empty": n_empty}
-    return splits, dropped
+class _Lazy:
+    """An iterable made only when iterated: a cached vocabulary never reads its sample."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def __iter__(self):
+        return iter(self.make())
+
+
+_ARROW = "data.arrow"
+
+
+class _SplitWriter:
+    """An encoded split, written chunk by chunk into one Arrow file that
+    `datasets.Dataset.from_file` memory-maps (the `_FEATURES` columns)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.writer = ArrowWriter(path=str(path), features=_FEATURES)
+
+    def __enter__(self) -> _SplitWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.writer.finalize()
+        self.writer.close()
+
+    def encode(self, split: CleanSplit, workers: Workers,
+               length_filter: tuple[DataConfig, str, dict] | None = None) -> int:
+        """Append `split` encoded by `workers` (see `_encoder`), keeping (with
+        `length_filter` = (cfg, label, dropped counts)) only pairs within the length
+        limits; returns the pairs written."""
+        written, counts = 0, {"too_long": 0, "length_ratio": 0}
+        table = split.table()
+        for (_, start, stop), ids in zip(split.row_ranges(), workers.map(_encode_rows, split.row_ranges()),
+                                         strict=True):
+            chunk = pa.table([*table.slice(start, stop - start).columns, *ids], names=list(_FEATURES))
+            if length_filter is not None:
+                cfg = length_filter[0]
+                src_lens, tgt_lens = (pc.list_value_length(x).to_numpy(zero_copy_only=False) for x in ids)
+                keep, dropped = corpus.length_filter(src_lens, tgt_lens, cfg.max_len, cfg.max_len_ratio)
+                counts = {k: counts[k] + v for k, v in dropped.items()}
+                chunk = chunk.take(keep) if len(keep) < len(chunk) else chunk
+            self.writer.write_table(chunk)
+            written += len(chunk)
+        if length_filter is not None:
+            cfg, label, dropped_counts = length_filter
+            for rule, n in counts.items():
+                log.info("%s: dropped %d of %d pairs by rule %s", label, n, len(split), rule)
+            dropped_counts.update(counts)
+            if not written:
+                raise DataError(
+                    f"{label} split is empty after the length filters (data.max_len={cfg.max_len}, "
+                    f"data.max_len_ratio={cfg.max_len_ratio}; {split.origin})"
+                )
+        return written
+
+
+# The encoding workers' state (`Workers` runs `_encoder` in each, or in this process).
+_ENCODER: tuple[Tokenizer, int] | None = None
+
+
+def _encoder(proto: bytes, threads: int, inline: bool) -> None:
+    """A worker's tokenizer: one SentencePiece thread in each of `data.num_proc` processes,
+    or `num_proc` threads in this process when the split is one chunk."""
+    global _ENCODER
+    _ENCODER = Tokenizer.from_proto(proto), threads if inline else 1
+
+
+def _encode_rows(rows: tuple[str, int, int]) -> list[pa.Array]:
+    """Source and target ids (list<int32> arrays) of rows [start, stop) of a cleaned split."""
+    path, start, stop = rows
+    assert _ENCODER is not None
+    tokenizer, threads = _ENCODER
+    table = read_table(path).slice(start, stop - start)
+    return [pa.array(tokenizer.encode(table.column(side).to_pylist(), threads), _IDS) for side in ("src", "tgt")]
+
+
+_IDS = pa.list_(pa.int32())
 
 
 class _Encode:
-    """The datasets.map function: a batch's texts to ids, in `num_threads` threads."""
+    """A batch's texts to ids, in `num_threads` threads (a `datasets.map` function)."""
 
     def __init__(self, tokenizer: Tokenizer, num_threads: int = 1) -> None:
         self.tokenizer, self.num_threads = tokenizer, num_threads
@@ -257,58 +349,35 @@ class _Encode:
 
 
 def encode(pairs: Pairs, tokenizer: Tokenizer, num_proc: int = 1) -> datasets.Dataset:
-    """A Dataset with `src`, `tgt`, `src_ids`, `tgt_ids`, encoded by `num_proc` threads.
-
-    SentencePiece's own threads, in this process: `datasets.map(num_proc=2)` forked
-    workers that each received a pickled copy of their shard, and was slower than one
-    process (68 against 64 s for 1M pairs, AMD EPYC Zen 4) at twice the peak memory
-    (12.6 against 6.7 GB at 3M pairs; scripts/bench_scale.py).
-    """
+    """A Dataset with `src`, `tgt`, `src_ids`, `tgt_ids` of pairs in memory (a small set:
+    preparation streams through `_SplitWriter` instead)."""
     ds = datasets.Dataset.from_dict({"src": pairs.src, "tgt": pairs.tgt})
-    return ds.map(
-        _Encode(tokenizer, num_proc),
-        batched=True,
-        batch_size=10_000,
-        features=_FEATURES,
-        new_fingerprint=f"encode-{tokenizer.digest}-{corpus.digest(pairs)}",
-        desc="encoding",
-    )
-
-
-def _length_filter(
-    ds: datasets.Dataset, cfg: DataConfig, dropped: dict, split: str, origin: str
-) -> datasets.Dataset:
-    table = ds.with_format("arrow")[:]
-    src_lens, tgt_lens = token_lengths(ds)
-    keep, counts = corpus.length_filter(src_lens, tgt_lens, cfg.max_len, cfg.max_len_ratio)
-    for rule, n in counts.items():
-        log.info("%s: dropped %d of %d pairs by rule %s", split, n, len(ds), rule)
-    dropped.update(counts)
-    if not len(keep):
-        raise DataError(
-            f"{split} split is empty after the length filters (data.max_len={cfg.max_len}, "
-            f"data.max_len_ratio={cfg.max_len_ratio}; {origin})"
-        )
-    # one Arrow take, not Dataset.select: its index mapping makes every later read slow
-    return datasets.Dataset(table.take(keep)) if len(keep) < len(ds) else ds
+    return ds.map(_Encode(tokenizer, num_proc), batched=True, batch_size=10_000, features=_FEATURES,
+                  new_fingerprint=f"encode-{tokenizer.digest}-{corpus.digest(pairs)}", desc="encoding")
 
 
 # --- statistics ----------------------------------------------------------------------
 
 
-def corpus_statistics(splits: dict[str, datasets.Dataset], tokenizer: Tokenizer) -> dict:
-    """Pairs, tokens, mean/max lengths per split, and the vocabulary size (see prepare.py)."""
+def corpus_statistics(folder: Path, sizes: dict[str, int], tokenizer: Tokenizer, cfg: DataConfig) -> dict:
+    """Pairs, tokens, mean/max lengths per split (a mix's train split per corpus), and the
+    vocabulary size (see prepare.py)."""
     stats: dict = {"vocab_size": tokenizer.vocab_size, "splits": {}}
-    for name, ds in splits.items():
-        src, tgt = token_lengths(ds)
+    src, tgt = token_lengths(datasets.Dataset.from_file(str(folder / "train" / _ARROW)))
+    bounds = np.cumsum([0, *sizes.values()])
+    parts = {f"train{_prefix(cfg, n)}": (src[a:b], tgt[a:b])
+             for n, a, b in zip(sizes, bounds[:-1], bounds[1:], strict=True)}
+    for n in sizes:
+        parts[f"dev{_prefix(cfg, n)}"] = token_lengths(datasets.Dataset.from_file(str(folder / "dev" / n / _ARROW)))
+    for name, (s, t) in parts.items():
         stats["splits"][name] = {
-            "pairs": len(ds),
-            "src_tokens": int(src.sum()),
-            "tgt_tokens": int(tgt.sum()),
-            "src_mean_len": round(float(src.mean()), 2),
-            "tgt_mean_len": round(float(tgt.mean()), 2),
-            "src_max_len": int(src.max()),
-            "tgt_max_len": int(tgt.max()),
+            "pairs": len(s),
+            "src_tokens": int(s.sum()),
+            "tgt_tokens": int(t.sum()),
+            "src_mean_len": round(float(s.mean()), 2),
+            "tgt_mean_len": round(float(t.mean()), 2),
+            "src_max_len": int(s.max()),
+            "tgt_max_len": int(t.max()),
         }
     return stats
 
@@ -373,48 +442,20 @@ def _write_source_note(cfg: DataConfig, source: str, key: str) -> None:
         log.warning("could not write %s (%s): the corpus files will be read again next time", note, e)
 
 
-def _content_key(cfg: DataConfig, corpora: dict[str, tuple[dict[str, Pairs], dict]]) -> str:
+def _content_key(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]]) -> str:
     """The cache key: the cleaned text of every split and the settings that change what is
     made of it (not where the files are)."""
-    digests = {f"{name}/{split}": corpus.digest(p)
-               for name, (splits, _) in corpora.items() for split, p in splits.items()}
+    digests = {f"{name}/{split}": clean.digest for name, splits in corpora.items() for split, clean in splits.items()}
     return hashlib.sha256(json.dumps([_settings(cfg, location=False), digests]).encode()).hexdigest()[:16]
-
-
-def _save_prepared(
-    cfg: DataConfig, key: str, splits: dict[str, datasets.Dataset], names: list[str],
-    spm_path: Path, stats: dict,
-) -> Path:
-    """Save to a temporary folder, then rename, so a half-written cache is never read.
-
-    Layout: `train/` (every corpus's pairs, in the order of `names`), `dev/<name>/`.
-    """
-    final = project_path(cfg.cache_dir) / f"prepared-{key}"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    suffix = {name: _prefix(cfg, name) for name in names}
-    trains = [splits[f"train{suffix[n]}"] for n in names]
-    train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
-    train.save_to_disk(str(tmp / "train"))
-    for n in names:
-        splits[f"dev{suffix[n]}"].save_to_disk(str(tmp / "dev" / n))
-    (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
-    meta = {"tokenizer": spm_path.name, "settings": _settings(cfg), "corpora": names,
-            "sizes": [len(t) for t in trains],
-            "weights": [cfg.corpora[n] for n in names] if cfg.name == "mix" else None}
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    if final.exists() and not (final / "meta.json").exists():
-        shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
-    try:
-        tmp.rename(final)
-    except OSError:  # another process (a DDP rank) saved the same data first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
     """The cached data of `key`, or None if there is none. A damaged cache is an error
-    that names the file and how to rebuild it."""
+    that names the file and how to rebuild it.
+
+    Layout: `train/data.arrow` (every corpus's pairs, in the order of `meta.json`'s
+    `corpora`), `dev/<corpus>/data.arrow`, `meta.json`, `stats.json`.
+    """
     path = project_path(cfg.cache_dir) / f"prepared-{key}"
     meta_file = path / "meta.json"
     if not meta_file.is_file():
@@ -432,11 +473,14 @@ def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
         raise DataError(f"corrupt cached tokenizer {spm_file} ({' '.join(str(e).split())}): "
                         f"delete it and {path} to rebuild them") from None
     try:
-        train = datasets.load_from_disk(str(path / "train"))
-        devs = {n: datasets.load_from_disk(str(path / "dev" / n)) for n in names}
+        train = datasets.Dataset.from_file(str(path / "train" / _ARROW))
+        devs = {n: datasets.Dataset.from_file(str(path / "dev" / n / _ARROW)) for n in names}
     except Exception as e:
         raise DataError(f"corrupt prepared-data cache {path} ({' '.join(str(e).split())}): "
                         f"{rebuild}") from None
+    if len(train) != sum(sizes):
+        raise DataError(f"corrupt prepared-data cache {path} ({len(train)} training pairs, "
+                        f"meta.json says {sum(sizes)}): {rebuild}")
     stats_file = path / "stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
     return PreparedData(tokenizer, train, devs, dict(zip(names, sizes, strict=True)),

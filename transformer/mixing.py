@@ -117,7 +117,7 @@ class CorpusMixture:
 
 def mix_sample(corpora: list, weights: list[float], n_sentences: int, seed: int = 0) -> list[str]:
     """About `n_sentences` sentences (both sides of n_sentences / 2 pairs) drawn from the
-    corpora (`corpus.Pairs`) in proportion to the weights: the text a mix's joint
+    corpora (`corpus.Pairs` or `cleaned.CleanSplit`: anything with `take`) in proportion to the weights: the text a mix's joint
     vocabulary is trained on, so that each corpus shapes it as much as it shapes training.
     A corpus asked for more pairs than it has gives all of them, repeated."""
     out: list[str] = []
@@ -126,7 +126,8 @@ def mix_sample(corpora: list, weights: list[float], n_sentences: int, seed: int 
         n = len(pairs)
         rows = np.concatenate([np.random.default_rng([seed, c, k]).permutation(n)
                                for k in range(-(-count // n))])[:count]
-        for i in np.sort(rows).tolist():
-            out.append(pairs.src[i])
-            out.append(pairs.tgt[i])
+        picked = pairs.take(np.sort(rows))
+        for s, t in zip(picked.src, picked.tgt, strict=True):
+            out.append(s)
+            out.append(t)
     return out
