@@ -139,6 +139,9 @@ def main() -> None:
                     [sys.executable, "-m", "transformer.prepare", *data, f"data.num_proc={num_proc}",
                      f"data.cache_dir={cache}"], folder, folder / f"prepare{num_proc}.log")
                 prep[num_proc]["cache_mb"] = du_mb(cache)
+                phases = [line for line in (folder / f"prepare{num_proc}.log").read_text().splitlines()
+                          if line.startswith("seconds:")]  # mt-prepare's own timing of its phases
+                prep[num_proc]["phases"] = phases[-1] if phases else "?"
                 print(f"{pairs:,} pairs, prepare num_proc={num_proc}: {prep[num_proc]}", flush=True)
                 if num_proc == 1:
                     shutil.rmtree(cache)  # one cache on disk at a time
