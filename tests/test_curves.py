@@ -4,6 +4,7 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from transformer.curves import (
+    _chain_series,
     dev_sets,
     plot_learning_curves,
     plot_run_comparison,
@@ -59,3 +60,17 @@ def test_runs_compare_in_one_picture_one_line_per_run_and_dev_set(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="3 runs but 1 labels"):
         plot_run_comparison([tmp_path / "a", tmp_path / "b", tmp_path / "single"], tmp_path / "x.png", ["a"])
+
+
+def test_a_chain_of_runs_is_one_line_each_stage_continuing_the_last(tmp_path):
+    """A fine-tuning run drawn after its parent: the parent's one dev set (named by its
+    config) continues as the child's dev set of the same name, steps offset."""
+    _segment(tmp_path / "parent" / "tb", [1, 2, 3, 4], start_wall=1_000_000)
+    (tmp_path / "parent" / "config.yaml").write_text("data:\n  name: tatoeba\n")
+    _mixed_run(tmp_path / "child")
+    series = _chain_series([tmp_path / "parent", tmp_path / "child"], "bleu", "updates")
+    assert series["tatoeba"] == ([2, 4, 5, 6, 7, 8], [4.0, 8.0, 5.0, 10.0, 15.0, 20.0])
+    assert series["europarl"][0] == [5, 6, 7, 8]
+    png = plot_run_comparison([tmp_path / "child", f"{tmp_path / 'parent'}+{tmp_path / 'child'}"],
+                              tmp_path / "chain.png", x="updates")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,6 +10,7 @@ import itertools
 import statistics
 from pathlib import Path
 
+import yaml
 from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -115,11 +116,44 @@ def plot_learning_curves(run_dir: str | Path, out_png: str | Path, title: str | 
     return _save(fig, title or f"{Path(run_dir).name}: {last_step} updates", out_png)
 
 
+def _single_dev_name(run_dir: Path) -> str:
+    """The corpus a run with one dev set validated on (its config's `data.name`), or ""."""
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        return ""
+    name = yaml.safe_load(config.read_text()).get("data", {}).get("name", "")
+    return "" if name in ("files", "mix") else str(name)
+
+
+def _chain_series(stages: list[Path], metric: str, x: str) -> dict[str, tuple[list[float], list[float]]]:
+    """dev set name -> (x values, `metric` values) over a chain of runs, each stage's x
+    (training hours, or updates) continuing from where the previous stage ended."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    offset = 0.0
+    for run_dir in stages:
+        scalars = read_scalars(run_dir)
+        hours = training_hours(scalars)
+        def at(step: int, offset: float = offset, hours: dict = hours) -> float:
+            return offset + (_hours_at(step, hours) if x == "hours" else step)
+
+        names = dev_sets(scalars)
+        tags = {n: f"dev/{n}/{metric}" for n in names} if names else {_single_dev_name(run_dir): f"dev/{metric}"}
+        for name, tag in tags.items():
+            xs, ys = out.setdefault(name, ([], []))
+            for _, step, value in scalars.get(tag, []):
+                xs.append(at(step))
+                ys.append(value)
+        offset = at(scalars["train/loss"][-1][1])
+    return out
+
+
 def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels: list[str] | None = None,
-                        title: str | None = None) -> Path:
+                        title: str | None = None, x: str = "hours") -> Path:
     """Write a PNG comparing runs: dev BLEU (left) and dev NLL (right) against training
-    hours, one colour per run and one line style per dev set (a sweep's picture)."""
-    labels = labels or [Path(d).name for d in run_dirs]
+    hours (or `x="updates"`), one colour per run and one line style per dev set (a
+    sweep's picture). A run given as `a+b` is a chain, e.g. a fine-tuning run `b` of a
+    checkpoint of `a`: drawn as one run, `b` continuing where `a` ended."""
+    labels = labels or [Path(str(d).split("+")[-1]).name for d in run_dirs]
     if len(labels) != len(run_dirs):
         raise ValueError(f"{len(run_dirs)} runs but {len(labels)} labels")
     fig = Figure(figsize=(11, 4.2), dpi=110)
@@ -127,19 +161,14 @@ def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels:
     styles = itertools.cycle(["-", "--", ":", "-."])
     style_of: dict[str, str] = {}
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels, strict=True)):
-        scalars = read_scalars(run_dir)
-        hours = training_hours(scalars)
-        names = dev_sets(scalars) or [""]
-        for name in names:
-            if name not in style_of:  # a style per dev set, the same in every run
-                style_of[name] = next(styles)
-            ls = style_of[name]
-            suffix = f" {name}" if name else ""
-            for ax, metric in ((left, "bleu"), (right, "nll")):
-                tag = f"dev/{name}/{metric}" if name else f"dev/{metric}"
-                if tag in scalars:
-                    ax.plot(*_series(scalars, tag, hours), ls=ls, color=f"C{i}", marker="o", ms=3,
-                            label=f"{label}{suffix}")
-    left.set(xlabel="training time (hours)", ylabel="BLEU", title="dev BLEU (greedy)")
-    right.set(xlabel="training time (hours)", ylabel="nats per target token", title="dev NLL")
+        stages = [Path(p) for p in str(run_dir).split("+")]
+        for ax, metric in ((left, "bleu"), (right, "nll")):
+            for name, (xs, ys) in sorted(_chain_series(stages, metric, x).items()):
+                if name not in style_of:  # a style per dev set, the same in every run
+                    style_of[name] = next(styles)
+                suffix = f" {name}" if name else ""
+                ax.plot(xs, ys, ls=style_of[name], color=f"C{i}", marker="o", ms=3, label=f"{label}{suffix}")
+    xlabel = "training time (hours)" if x == "hours" else "updates"
+    left.set(xlabel=xlabel, ylabel="BLEU", title="dev BLEU (greedy)")
+    right.set(xlabel=xlabel, ylabel="nats per target token", title="dev NLL")
     return _save(fig, title or " vs ".join(labels), out_png, legend_size="small")
