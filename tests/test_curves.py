@@ -68,9 +68,10 @@ def test_a_chain_of_runs_is_one_line_each_stage_continuing_the_last(tmp_path):
     _segment(tmp_path / "parent" / "tb", [1, 2, 3, 4], start_wall=1_000_000)
     (tmp_path / "parent" / "config.yaml").write_text("data:\n  name: tatoeba\n")
     _mixed_run(tmp_path / "child")
-    series = _chain_series([tmp_path / "parent", tmp_path / "child"], "bleu", "updates")
-    assert series["tatoeba"] == ([2, 4, 5, 6, 7, 8], [4.0, 8.0, 5.0, 10.0, 15.0, 20.0])
-    assert series["europarl"][0] == [5, 6, 7, 8]
+    series = _chain_series([tmp_path / "parent", tmp_path / "child"], ("bleu", "nll"), "updates")
+    assert series["bleu", "tatoeba"] == ([2, 4, 5, 6, 7, 8], [4.0, 8.0, 5.0, 10.0, 15.0, 20.0])
+    assert series["bleu", "europarl"][0] == [5, 6, 7, 8]
+    assert ("nll", "tatoeba") in series and len(series["nll", "tatoeba"][0]) == 4  # the parent logged none
     png = plot_run_comparison([tmp_path / "child", f"{tmp_path / 'parent'}+{tmp_path / 'child'}"],
                               tmp_path / "chain.png", x="updates")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

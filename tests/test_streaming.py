@@ -10,8 +10,9 @@ import pytest
 
 from transformer import cleaned, corpus
 from transformer.config import DataConfig
-from transformer.corpus import Digest, Pairs
+from transformer.corpus import DataError, Digest, Pairs
 from transformer.data import prepare_data
+from transformer.workers import Workers
 
 
 def synthetic(n: int) -> tuple[list[str], list[str]]:
@@ -42,22 +43,37 @@ def test_the_content_digest_does_not_depend_on_the_chunks() -> None:
     assert swapped != whole  # order counts
 
 
-@pytest.mark.parametrize("n, max_train_pairs", [(150, None), (9_000, None), (9_000, 5_000), (9_000, 8_950)])
+@pytest.mark.parametrize("n, max_train_pairs", [(49, None), (150, None), (9_000, None), (9_000, 5_000),
+                                                 (9_000, 8_950)])
 def test_a_held_out_tail_streams_like_the_split_in_memory(tmp_path, monkeypatch, n, max_train_pairs) -> None:
-    """`files` without a dev set: the last max(1, min(2000, n / 50)) pairs are dev, read
-    through a window of 2,000 pairs; the same split as `load_corpus` makes in memory."""
+    """`files` without a dev set: the last max(1, min(2000, n / 50)) pairs are dev (read
+    through a window of at most 4,000 pairs), the first `max_train_pairs` of the rest train."""
     monkeypatch.setattr(cleaned, "CHUNK_PAIRS", 1_000)
     src, tgt = synthetic(n)
     a, b = write_pair(tmp_path / "c", "train", src, tgt)
     cfg = DataConfig(name="files", train_src=str(a), train_tgt=str(b), max_train_pairs=max_train_pairs)
-    streamed = cleaned.clean_corpus(cfg, tmp_path)
-    in_memory = corpus.load_corpus(cfg)
-    for split in ("train", "dev"):
-        kept, n_empty = corpus.drop_empty(corpus.normalize_pairs(in_memory[split]))
+    streamed = cleaned.clean_corpus(cfg, tmp_path, "", Workers(1))
+    n_dev = max(1, min(2000, n // 50))
+    expected = {"train": (src[: n - n_dev][:max_train_pairs], tgt[: n - n_dev][:max_train_pairs]),
+                "dev": (src[n - n_dev :], tgt[n - n_dev :])}
+    for split, (raw_src, raw_tgt) in expected.items():
+        kept = corpus.clean(raw_src, raw_tgt)
         table = streamed[split].table()
-        assert table.column("src").to_pylist() == kept.src and table.column("tgt").to_pylist() == kept.tgt
-        assert (streamed[split].raw, streamed[split].empty) == (len(in_memory[split]), n_empty)
-        assert streamed[split].digest == corpus.digest(kept)
+        assert (table.column("src").to_pylist(), table.column("tgt").to_pylist()) == kept
+        assert (streamed[split].raw, streamed[split].empty) == (len(raw_src), len(raw_src) - len(kept[0]))
+        assert streamed[split].digest == corpus.digest(Pairs(*kept, "x"))
+    assert corpus.load_split(cfg, "dev").src == expected["dev"][0]  # what test_set=dev evaluates
+
+
+def test_bad_input_past_max_train_pairs_is_still_an_error(tmp_path) -> None:
+    """A misaligned pair of files is refused even when only its first pairs are kept:
+    one missing line early shifts every pair after it."""
+    a, b = write_pair(tmp_path / "c", "train", ["uno", "due", "tre", "quattro"], ["one", "two", "three"])
+    d = write_pair(tmp_path / "c", "dev", ["uno"], ["one"])
+    cfg = DataConfig(name="files", train_src=str(a), train_tgt=str(b), dev_src=str(d[0]), dev_tgt=str(d[1]),
+                     max_train_pairs=2, cache_dir=str(tmp_path / "cache"), spm_vocab_size=30)
+    with pytest.raises(DataError, match=r"misaligned corpus: .* has 4 lines but .* has 3"):
+        prepare_data(cfg)
 
 
 def _python_peak(fn) -> int:
@@ -90,7 +106,7 @@ def test_preparation_holds_a_chunk_of_the_corpus_not_the_corpus(tmp_path, monkey
 def test_two_worker_processes_make_the_same_cache_as_one(tmp_path, monkeypatch) -> None:
     """`data.num_proc=2` cleans and encodes the chunks in two processes: the same pairs,
     ids, counts and cache key as in this process alone."""
-    monkeypatch.setattr(cleaned, "CHUNK_PAIRS", 3_000)
+    monkeypatch.setattr(cleaned, "CHUNK_PAIRS", 2_500)
     src, tgt = synthetic(10_000)
     src[4321] = "parola " * 200  # dropped by the length filter
     a, b = write_pair(tmp_path / "c", "train", src, tgt)

@@ -144,7 +144,7 @@ class DataConfig:
     # batching
     max_tokens: int = 4096  # padded tokens per batch and side (fairseq --max-tokens)
     bucket_chunk: int = 100  # batches' worth of examples sorted together before shuffling
-    num_proc: int = 2  # encoding threads (SentencePiece's, in this process; the name is kept for old configs)
+    num_proc: int = 2  # preparation: worker processes that clean and encode chunks (SentencePiece threads for a small corpus)
     cache_dir: str = "data/cache"  # tokenizers and encoded corpora (git-ignored)
 
     def validate(self, prefix: str = "data") -> None:

@@ -1,11 +1,11 @@
-"""Loading parallel corpora and cleaning them.
+"""Reading parallel corpora, and the cleaning rule.
 
-A corpus is loaded as plain Python lists (`Pairs`), cleaned (`normalize`, `drop_empty`)
-and only then turned into a `datasets.Dataset` by `data.py`. Plain-text files are read
-here, line by line as bytes, so a bad byte or a misalignment is reported with the file
-name and line number; a file ending in `.gz`, `.xz` or `.bz2` is decompressed as it is
-read (a stream, never a second copy in memory), and a corrupt or truncated archive is
-reported with its name. Hub corpora (IWSLT 2017, OPUS-100) go through `datasets`'
+A corpus split is read as a stream of (source, target) pairs (`iter_split`), which
+preparation cleans in chunks (`cleaned.py`); small sets (test sets, a held-out dev set)
+are read into `Pairs` lists. Plain-text files are read line by line as bytes, so a bad
+byte or a misalignment is reported with the file name and line number; a file ending in
+`.gz`, `.xz` or `.bz2` is decompressed as it is read, and a corrupt or truncated archive
+is reported with its name. Hub corpora (IWSLT 2017, OPUS-100) go through `datasets`'
 parquet loader, from the hub or from a local folder laid out the same way.
 """
 
@@ -64,10 +64,10 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.src)
 
-    def take(self, rows: Iterable[int]) -> Pairs:
-        """The pairs at `rows`, in that order."""
-        rows = list(rows)
-        return Pairs([self.src[i] for i in rows], [self.tgt[i] for i in rows], self.origin)
+    def take(self, rows: Iterable[int], side: str) -> list[str]:
+        """The `side` ("src" or "tgt") sentences at `rows`, in that order."""
+        sentences = self.src if side == "src" else self.tgt
+        return [sentences[i] for i in rows]
 
 
 def project_path(path: str | os.PathLike) -> Path:
@@ -252,34 +252,45 @@ def find_text(path: Path) -> Path:
     return path
 
 
-def load_corpus(cfg: DataConfig) -> dict[str, Pairs]:
-    """The raw `train` and `dev` pairs of the corpus named by `cfg.name`, in memory (for
-    small corpora and tests; preparation streams them: `cleaned.clean_corpus`)."""
-    splits = {"train": load_split(cfg, "train")}
-    if cfg.name == "files" and not cfg.dev_src:  # hold out the tail of train as dev
-        train = splits["train"]
-        n_dev = max(1, min(2000, len(train) // 50))
+class HeldOutTail:
+    """The training pairs of a `files` corpus without a dev set, all but its tail: the
+    last `max(1, min(2000, n // 50))` of its n pairs, in `tail` once the stream ends. A
+    window of at most 4,000 pairs is held back, whatever n is."""
+
+    MAX = 2000
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.pairs, self.tail, self.count = pairs, [], 0
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        window: list[tuple[str, str]] = []
+        for pair in self.pairs:
+            self.count += 1
+            window.append(pair)
+            if len(window) > 2 * self.MAX:  # emit the older half: the tail is within the newer
+                yield from window[: self.MAX]
+                del window[: self.MAX]
+        n_dev = max(1, min(self.MAX, self.count // 50))
         log.warning("no dev_src given: holding out the last %d training pairs as dev", n_dev)
-        splits["dev"] = Pairs(train.src[-n_dev:], train.tgt[-n_dev:], f"{train.origin} (tail)")
-        splits["train"] = Pairs(train.src[:-n_dev], train.tgt[:-n_dev], train.origin)
-    else:
-        splits["dev"] = load_split(cfg, "dev")
-    if cfg.max_train_pairs is not None:
-        train, n = splits["train"], cfg.max_train_pairs
-        splits["train"] = Pairs(train.src[:n], train.tgt[:n], train.origin)
-    return splits
+        self.tail = window[len(window) - n_dev :]
+        yield from window[: len(window) - n_dev]
 
 
 def load_split(cfg: DataConfig, split: str) -> Pairs:
-    """One split (`train`, `dev`, or `test` for hub corpora) of the configured corpus."""
+    """One split (`train`, `dev`, or `test` for hub corpora) of the configured corpus, in
+    memory (for small sets: preparation streams, `cleaned.clean_corpus`)."""
     if cfg.name == "files" and split == "dev" and not cfg.dev_src:
-        return load_corpus(cfg)["dev"]
+        train, origin = iter_split(cfg, "train")
+        held = HeldOutTail(train)
+        for _ in held:
+            pass
+        return _pairs(held.tail, f"{origin} (tail)")
     return _pairs(*iter_split(cfg, split))
 
 
 def iter_split(cfg: DataConfig, split: str) -> tuple[Iterator[tuple[str, str]], str]:
     """One split of the configured corpus as a stream of pairs, and its origin. (A `files`
-    corpus without `dev_src` has no dev split of its own: `load_corpus` holds one out.)"""
+    corpus without `dev_src` has no dev split of its own: `HeldOutTail` holds one out.)"""
     if cfg.name in HUB_DEFAULTS:
         return iter_hub_split(cfg, split)
     if cfg.name == "files":
@@ -304,7 +315,7 @@ def hub_data_files(cfg: DataConfig, split: str) -> list[str]:
 
     The hub uses two layouts: `<config>/<split>/*.parquet` (its parquet conversion, as
     for IWSLT 2017) and `<config>/<split>-*.parquet` (OPUS-100's main branch); both are
-    returned and `load_hub_split` keeps those that match files.
+    returned and `iter_hub_split` keeps those that match files.
     """
     hub_id, config, revision = _hub_settings(cfg)
     if cfg.hub_local_dir:
@@ -353,10 +364,6 @@ def iter_hub_split(cfg: DataConfig, split: str) -> tuple[Iterator[tuple[str, str
     return pairs(), " ".join(patterns)
 
 
-def load_hub_split(cfg: DataConfig, split: str) -> Pairs:
-    return _pairs(*iter_hub_split(cfg, split))
-
-
 # --- cleaning ------------------------------------------------------------------------
 
 
@@ -365,15 +372,11 @@ def normalize(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def normalize_pairs(pairs: Pairs) -> Pairs:
-    return Pairs([normalize(s) for s in pairs.src], [normalize(t) for t in pairs.tgt], pairs.origin)
-
-
-def drop_empty(pairs: Pairs) -> tuple[Pairs, int]:
-    """Drop pairs with an empty side; returns the kept pairs and how many were dropped."""
-    keep = [i for i, (s, t) in enumerate(zip(pairs.src, pairs.tgt)) if s and t]
-    kept = Pairs([pairs.src[i] for i in keep], [pairs.tgt[i] for i in keep], pairs.origin)
-    return kept, len(pairs) - len(kept)
+def clean(src: Sequence[str], tgt: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The cleaning rule, for training and test sets alike: both sides normalised, pairs
+    with an empty side dropped."""
+    kept = [(s, t) for s, t in zip(map(normalize, src), map(normalize, tgt), strict=True) if s and t]
+    return [s for s, _ in kept], [t for _, t in kept]
 
 
 def length_filter(
@@ -418,7 +421,7 @@ class Digest:
 
 
 def digest(pairs: Pairs) -> str:
-    """A content hash of the pairs (the tokenizer's and the prepared data's cache key)."""
+    """`Digest` of pairs in memory (fed in one chunk: the same as in any other chunks)."""
     d = Digest()
     d.update(pairs.src, pairs.tgt)
     return d.hexdigest()

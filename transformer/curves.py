@@ -119,32 +119,38 @@ def plot_learning_curves(run_dir: str | Path, out_png: str | Path, title: str | 
 def _single_dev_name(run_dir: Path) -> str:
     """The corpus a run with one dev set validated on (its config's `data.name`), or ""."""
     config = run_dir / "config.yaml"
-    if not config.is_file():
-        return ""
-    name = yaml.safe_load(config.read_text()).get("data", {}).get("name", "")
+    data = (yaml.safe_load(config.read_text()) or {}).get("data") if config.is_file() else None
+    name = (data or {}).get("name", "")
     return "" if name in ("files", "mix") else str(name)
 
 
-def _chain_series(stages: list[Path], metric: str, x: str) -> dict[str, tuple[list[float], list[float]]]:
-    """dev set name -> (x values, `metric` values) over a chain of runs, each stage's x
+def _chain_series(stages: list[Path], metrics: tuple[str, ...], x: str) -> dict[tuple[str, str], tuple[list, list]]:
+    """(metric, dev set name) -> (x values, values) over a chain of runs, each stage's x
     (training hours, or updates) continuing from where the previous stage ended."""
-    out: dict[str, tuple[list[float], list[float]]] = {}
+    out: dict[tuple[str, str], tuple[list, list]] = {}
     offset = 0.0
     for run_dir in stages:
         scalars = read_scalars(run_dir)
         hours = training_hours(scalars)
+
         def at(step: int, offset: float = offset, hours: dict = hours) -> float:
             return offset + (_hours_at(step, hours) if x == "hours" else step)
 
         names = dev_sets(scalars)
-        tags = {n: f"dev/{n}/{metric}" for n in names} if names else {_single_dev_name(run_dir): f"dev/{metric}"}
-        for name, tag in tags.items():
-            xs, ys = out.setdefault(name, ([], []))
-            for _, step, value in scalars.get(tag, []):
-                xs.append(at(step))
-                ys.append(value)
+        for metric in metrics:
+            tags = {n: f"dev/{n}/{metric}" for n in names} if names else {_single_dev_name(run_dir): f"dev/{metric}"}
+            for name, tag in tags.items():
+                if tag in scalars:
+                    xs, ys = out.setdefault((metric, name), ([], []))
+                    xs += [at(step) for _, step, _ in scalars[tag]]
+                    ys += [value for _, _, value in scalars[tag]]
         offset = at(scalars["train/loss"][-1][1])
     return out
+
+
+def _stages(run: str | Path) -> list[Path]:
+    """A run directory, or a chain `a+b` of them (a `+` inside an existing path is kept)."""
+    return [Path(run)] if Path(run).exists() else [Path(p) for p in str(run).split("+")]
 
 
 def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels: list[str] | None = None,
@@ -153,7 +159,7 @@ def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels:
     hours (or `x="updates"`), one colour per run and one line style per dev set (a
     sweep's picture). A run given as `a+b` is a chain, e.g. a fine-tuning run `b` of a
     checkpoint of `a`: drawn as one run, `b` continuing where `a` ended."""
-    labels = labels or [Path(str(d).split("+")[-1]).name for d in run_dirs]
+    labels = labels or [_stages(d)[-1].name for d in run_dirs]
     if len(labels) != len(run_dirs):
         raise ValueError(f"{len(run_dirs)} runs but {len(labels)} labels")
     fig = Figure(figsize=(11, 4.2), dpi=110)
@@ -161,13 +167,12 @@ def plot_run_comparison(run_dirs: list[str | Path], out_png: str | Path, labels:
     styles = itertools.cycle(["-", "--", ":", "-."])
     style_of: dict[str, str] = {}
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels, strict=True)):
-        stages = [Path(p) for p in str(run_dir).split("+")]
-        for ax, metric in ((left, "bleu"), (right, "nll")):
-            for name, (xs, ys) in sorted(_chain_series(stages, metric, x).items()):
-                if name not in style_of:  # a style per dev set, the same in every run
-                    style_of[name] = next(styles)
-                suffix = f" {name}" if name else ""
-                ax.plot(xs, ys, ls=style_of[name], color=f"C{i}", marker="o", ms=3, label=f"{label}{suffix}")
+        axes = {"bleu": left, "nll": right}
+        for (metric, name), (xs, ys) in sorted(_chain_series(_stages(run_dir), tuple(axes), x).items()):
+            if name not in style_of:  # a style per dev set, the same in every run
+                style_of[name] = next(styles)
+            suffix = f" {name}" if name else ""
+            axes[metric].plot(xs, ys, ls=style_of[name], color=f"C{i}", marker="o", ms=3, label=f"{label}{suffix}")
     xlabel = "training time (hours)" if x == "hours" else "updates"
     left.set(xlabel=xlabel, ylabel="BLEU", title="dev BLEU (greedy)")
     right.set(xlabel=xlabel, ylabel="nats per target token", title="dev NLL")

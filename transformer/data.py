@@ -1,15 +1,16 @@
 """The data pipeline's entry points: `prepare_data` for training, `load_test_set` for evaluation.
 
-prepare_data: load -> clean (NFC, whitespace, empty pairs) -> joint SentencePiece
-vocabulary -> encode (`datasets.map`, SentencePiece in `num_proc` threads) -> length filters
-(train only) -> save. A mix of corpora (`data.name=mix`) goes through the same steps per
-corpus, with one vocabulary trained on a sample balanced by the corpora's weights. The
-result is cached under `{cache_dir}/prepared-<key>/`, keyed by the cleaned text's digest and
-every setting that changes it, so a second run only memory-maps it back. For local files a
-`source-<key>` note maps their path, size and mtime to that key, so a run on unchanged
-files finds the cache without reading them; a copied or touched corpus is read and
-cleaned again (seconds) but finds the same cache by its text.
-Batching lives in `batching.py`, loading and cleaning in `corpus.py`.
+prepare_data streams: read -> clean (NFC, whitespace, empty pairs) into Arrow files on
+disk (`cleaned.py`) -> joint SentencePiece vocabulary -> encode and length-filter (train
+only) chunk by chunk into the cache (`encoding.py`), with `data.num_proc` worker
+processes (`workers.py`). A mix of corpora (`data.name=mix`) goes through the same steps
+per corpus, with one vocabulary trained on a sample balanced by the corpora's weights.
+The result is cached under `{cache_dir}/prepared-<key>/`, keyed by the cleaned text's
+digest and every setting that changes it, so a second run only memory-maps it back. For
+local files a `source-<key>` note maps their path, size and mtime to that key, so a run
+on unchanged files finds the cache without reading them; a copied or touched corpus is
+read and cleaned again but finds the same cache by its text.
+Batching lives in `batching.py`, reading corpora in `corpus.py`.
 """
 
 from __future__ import annotations
@@ -23,22 +24,20 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-from datasets.arrow_writer import ArrowWriter
 
 from transformer import corpus
 from transformer.batching import batching_statistics, token_lengths
-from transformer.cleaned import CleanSplit, Workers, clean_corpus, read_table
+from transformer.cleaned import CleanSplit, clean_corpus
 from transformer.config import DataConfig
-from transformer.corpus import DataError, Pairs, project_path, user_path
+from transformer.corpus import DataError, project_path, user_path
+from transformer.encoding import ARROW, LengthFilter, SplitWriter
 from transformer.mixing import CorpusMixture, mix_sample
 from transformer.tokenizer import (
     TOKENIZER_RECIPE,
@@ -46,20 +45,11 @@ from transformer.tokenizer import (
     atomic_write,
     load_or_train_tokenizer,
 )
+from transformer.workers import Workers
 
 log = logging.getLogger(__name__)
 
 _PIPELINE_VERSION = "3"  # bump when cleaning, encoding or the layout changes, to invalidate caches
-_FEATURES = datasets.Features(
-    {
-        "src": datasets.Value("string"),
-        "tgt": datasets.Value("string"),
-        "src_ids": datasets.Sequence(datasets.Value("int32")),
-        "tgt_ids": datasets.Sequence(datasets.Value("int32")),
-    }
-)
-
-
 @dataclass
 class PreparedData:
     """What training needs: the tokenizer and the encoded splits.
@@ -132,19 +122,18 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         prepared = _load_prepared(cfg, known) if known else None
     if prepared is None:
         del timer.seconds["load cached"]
-        cache = project_path(cfg.cache_dir)
-        cache.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=cache, prefix=".cleaning-"))
+        work = _work_folder(cfg)
         try:
-            with timer("read and clean"), Workers(cfg.num_proc) as workers:
-                corpora = {name: clean_corpus(sub, work, _prefix(cfg, name), workers)
-                           for name, sub in corpus_configs(cfg).items()}
-            key = _content_key(cfg, corpora)
-            prepared = _load_prepared(cfg, key)  # the same text, prepared before (copied, touched)
-            if prepared is None:
-                prepared = _build(cfg, key, corpora, timer)
-            else:  # the raw files may differ (blank lines, CRLF): count what these ones held
-                _count_raw(cfg, corpora, prepared.stats)
+            with Workers(cfg.num_proc) as workers:
+                with timer("read and clean"):
+                    corpora = {name: clean_corpus(sub, work, _prefix(cfg, name), workers)
+                               for name, sub in corpus_configs(cfg).items()}
+                key = _content_key(cfg, corpora)
+                prepared = _load_prepared(cfg, key)  # the same text, prepared before (copied, touched)
+                if prepared is None:
+                    prepared = _build(cfg, key, corpora, workers, timer)
+                else:  # the raw files may differ (blank lines, CRLF): count what these ones held
+                    _count_raw(cfg, corpora, prepared.stats)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if source:
@@ -161,12 +150,25 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     return prepared
 
 
+def _work_folder(cfg: DataConfig) -> Path:
+    """A temporary folder for the cleaned text: in the cache (same disk as the result),
+    or the system's temporary folder if the cache cannot be written (a shared, read-only
+    cache still serves runs whose data it holds)."""
+    cache = project_path(cfg.cache_dir)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=cache, prefix=".cleaning-"))
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="mt-cleaning-"))
+
+
 def _prefix(cfg: DataConfig, name: str) -> str:
     """Split names in statistics and messages: `train`, or `train/europarl` in a mix."""
     return f"/{name}" if cfg.name == "mix" else ""
 
 
-def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]], timer: _Timer) -> PreparedData:
+def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]], workers: Workers,
+           timer: _Timer) -> PreparedData:
     """Vocabulary, encoding and length filters, written into the cache under `key` (via a
     temporary folder renamed when complete) and reopened memory-mapped."""
     stats: dict = {}
@@ -176,15 +178,17 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
     final = project_path(cfg.cache_dir) / f"prepared-{key}"
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
-        with timer("encode"), Workers(cfg.num_proc, _encoder, (tokenizer.proto, cfg.num_proc)) as workers:
+        with timer("encode"):
             sizes = {}
-            with _SplitWriter(tmp / "train" / _ARROW) as train:
+            with SplitWriter(tmp / "train" / ARROW) as train:
                 for name, splits in corpora.items():
                     label = f"train{_prefix(cfg, name)}"
-                    sizes[name] = train.encode(splits["train"], workers, (cfg, label, stats["dropped"][label]))
+                    sizes[name] = train.write(splits["train"], tokenizer, workers, cfg.num_proc,
+                                              LengthFilter(cfg.max_len, cfg.max_len_ratio, label,
+                                                           stats["dropped"][label]))
             for name, splits in corpora.items():
-                with _SplitWriter(tmp / "dev" / name / _ARROW) as dev:
-                    dev.encode(splits["dev"], workers)
+                with SplitWriter(tmp / "dev" / name / ARROW) as dev:
+                    dev.write(splits["dev"], tokenizer, workers, cfg.num_proc)
         with timer("save"):
             stats.update(corpus_statistics(tmp, sizes, tokenizer, cfg))
             (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
@@ -255,105 +259,11 @@ def _tokenizer(cfg: DataConfig, trains: dict[str, CleanSplit]) -> tuple[Tokenize
 class _Lazy:
     """An iterable made only when iterated: a cached vocabulary never reads its sample."""
 
-    def __init__(self, make) -> None:
+    def __init__(self, make: Callable[[], Iterable[str]]) -> None:
         self.make = make
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.make())
-
-
-_ARROW = "data.arrow"
-
-
-class _SplitWriter:
-    """An encoded split, written chunk by chunk into one Arrow file that
-    `datasets.Dataset.from_file` memory-maps (the `_FEATURES` columns)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = ArrowWriter(path=str(path), features=_FEATURES)
-
-    def __enter__(self) -> _SplitWriter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if exc[0] is None:
-            self.writer.finalize()
-        self.writer.close()
-
-    def encode(self, split: CleanSplit, workers: Workers,
-               length_filter: tuple[DataConfig, str, dict] | None = None) -> int:
-        """Append `split` encoded by `workers` (see `_encoder`), keeping (with
-        `length_filter` = (cfg, label, dropped counts)) only pairs within the length
-        limits; returns the pairs written."""
-        written, counts = 0, {"too_long": 0, "length_ratio": 0}
-        table = split.table()
-        for (_, start, stop), ids in zip(split.row_ranges(), workers.map(_encode_rows, split.row_ranges()),
-                                         strict=True):
-            chunk = pa.table([*table.slice(start, stop - start).columns, *ids], names=list(_FEATURES))
-            if length_filter is not None:
-                cfg = length_filter[0]
-                src_lens, tgt_lens = (pc.list_value_length(x).to_numpy(zero_copy_only=False) for x in ids)
-                keep, dropped = corpus.length_filter(src_lens, tgt_lens, cfg.max_len, cfg.max_len_ratio)
-                counts = {k: counts[k] + v for k, v in dropped.items()}
-                chunk = chunk.take(keep) if len(keep) < len(chunk) else chunk
-            self.writer.write_table(chunk)
-            written += len(chunk)
-        if length_filter is not None:
-            cfg, label, dropped_counts = length_filter
-            for rule, n in counts.items():
-                log.info("%s: dropped %d of %d pairs by rule %s", label, n, len(split), rule)
-            dropped_counts.update(counts)
-            if not written:
-                raise DataError(
-                    f"{label} split is empty after the length filters (data.max_len={cfg.max_len}, "
-                    f"data.max_len_ratio={cfg.max_len_ratio}; {split.origin})"
-                )
-        return written
-
-
-# The encoding workers' state (`Workers` runs `_encoder` in each, or in this process).
-_ENCODER: tuple[Tokenizer, int] | None = None
-
-
-def _encoder(proto: bytes, threads: int, inline: bool) -> None:
-    """A worker's tokenizer: one SentencePiece thread in each of `data.num_proc` processes,
-    or `num_proc` threads in this process when the split is one chunk."""
-    global _ENCODER
-    _ENCODER = Tokenizer.from_proto(proto), threads if inline else 1
-
-
-def _encode_rows(rows: tuple[str, int, int]) -> list[pa.Array]:
-    """Source and target ids (list<int32> arrays) of rows [start, stop) of a cleaned split."""
-    path, start, stop = rows
-    assert _ENCODER is not None
-    tokenizer, threads = _ENCODER
-    table = read_table(path).slice(start, stop - start)
-    return [pa.array(tokenizer.encode(table.column(side).to_pylist(), threads), _IDS) for side in ("src", "tgt")]
-
-
-_IDS = pa.list_(pa.int32())
-
-
-class _Encode:
-    """A batch's texts to ids, in `num_threads` threads (a `datasets.map` function)."""
-
-    def __init__(self, tokenizer: Tokenizer, num_threads: int = 1) -> None:
-        self.tokenizer, self.num_threads = tokenizer, num_threads
-
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        return {
-            "src_ids": self.tokenizer.encode(batch["src"], self.num_threads),
-            "tgt_ids": self.tokenizer.encode(batch["tgt"], self.num_threads),
-        }
-
-
-def encode(pairs: Pairs, tokenizer: Tokenizer, num_proc: int = 1) -> datasets.Dataset:
-    """A Dataset with `src`, `tgt`, `src_ids`, `tgt_ids` of pairs in memory (a small set:
-    preparation streams through `_SplitWriter` instead)."""
-    ds = datasets.Dataset.from_dict({"src": pairs.src, "tgt": pairs.tgt})
-    return ds.map(_Encode(tokenizer, num_proc), batched=True, batch_size=10_000, features=_FEATURES,
-                  new_fingerprint=f"encode-{tokenizer.digest}-{corpus.digest(pairs)}", desc="encoding")
 
 
 # --- statistics ----------------------------------------------------------------------
@@ -363,12 +273,12 @@ def corpus_statistics(folder: Path, sizes: dict[str, int], tokenizer: Tokenizer,
     """Pairs, tokens, mean/max lengths per split (a mix's train split per corpus), and the
     vocabulary size (see prepare.py)."""
     stats: dict = {"vocab_size": tokenizer.vocab_size, "splits": {}}
-    src, tgt = token_lengths(datasets.Dataset.from_file(str(folder / "train" / _ARROW)))
+    src, tgt = token_lengths(datasets.Dataset.from_file(str(folder / "train" / ARROW)))
     bounds = np.cumsum([0, *sizes.values()])
     parts = {f"train{_prefix(cfg, n)}": (src[a:b], tgt[a:b])
              for n, a, b in zip(sizes, bounds[:-1], bounds[1:], strict=True)}
     for n in sizes:
-        parts[f"dev{_prefix(cfg, n)}"] = token_lengths(datasets.Dataset.from_file(str(folder / "dev" / n / _ARROW)))
+        parts[f"dev{_prefix(cfg, n)}"] = token_lengths(datasets.Dataset.from_file(str(folder / "dev" / n / ARROW)))
     for name, (s, t) in parts.items():
         stats["splits"][name] = {
             "pairs": len(s),
@@ -473,8 +383,8 @@ def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
         raise DataError(f"corrupt cached tokenizer {spm_file} ({' '.join(str(e).split())}): "
                         f"delete it and {path} to rebuild them") from None
     try:
-        train = datasets.Dataset.from_file(str(path / "train" / _ARROW))
-        devs = {n: datasets.Dataset.from_file(str(path / "dev" / n / _ARROW)) for n in names}
+        train = datasets.Dataset.from_file(str(path / "train" / ARROW))
+        devs = {n: datasets.Dataset.from_file(str(path / "dev" / n / ARROW)) for n in names}
     except Exception as e:
         raise DataError(f"corrupt prepared-data cache {path} ({' '.join(str(e).split())}): "
                         f"{rebuild}") from None
@@ -516,7 +426,7 @@ def load_test_set(name_or_paths: str, cfg: DataConfig) -> tuple[list[str], list[
             f"unknown test set {name_or_paths!r}: {', '.join(corpus.EVAL_SETS)}, dev, test "
             "or src_path,ref_path"
         )
-    kept, n_empty = corpus.drop_empty(corpus.normalize_pairs(pairs))
-    if n_empty:
-        log.warning("%s: dropped %d pairs with an empty side", pairs.origin, n_empty)
-    return kept.src, kept.tgt
+    src, tgt = corpus.clean(pairs.src, pairs.tgt)
+    if len(src) < len(pairs):
+        log.warning("%s: dropped %d pairs with an empty side", pairs.origin, len(pairs) - len(src))
+    return src, tgt

@@ -4,7 +4,7 @@ A weight is the share of an epoch's training pairs drawn from that corpus, as in
 OpenNMT-py's corpus weights: with Tatoeba (313k short pairs) and Europarl (636k long
 ones) at 1:1, half of the pairs come from each, so Tatoeba is upsampled about 1.5x and
 Europarl is seen at about 0.75 of its size per epoch. The tokenizer is trained on a
-sample balanced the same way (`data.mix_sample`).
+sample balanced the same way (`mix_sample`).
 
 An epoch has as many pairs as the corpora together, or `data.epoch_pairs` (fairseq's
 --virtual-epoch-size: the CPU recipes see less than one real epoch). The weights may
@@ -117,8 +117,8 @@ class CorpusMixture:
 
 def mix_sample(corpora: list, weights: list[float], n_sentences: int, seed: int = 0) -> list[str]:
     """About `n_sentences` sentences (both sides of n_sentences / 2 pairs) drawn from the
-    corpora (`corpus.Pairs` or `cleaned.CleanSplit`: anything with `take`) in proportion to the weights: the text a mix's joint
-    vocabulary is trained on, so that each corpus shapes it as much as it shapes training.
+    corpora (`cleaned.CleanSplit`s, or `corpus.Pairs`) in proportion to the weights: the
+    text a mix's joint vocabulary is trained on, so that each corpus shapes it as much as it shapes training.
     A corpus asked for more pairs than it has gives all of them, repeated."""
     out: list[str] = []
     counts = epoch_counts([len(p) for p in corpora], weights, total=max(1, n_sentences // 2))
@@ -126,8 +126,8 @@ def mix_sample(corpora: list, weights: list[float], n_sentences: int, seed: int 
         n = len(pairs)
         rows = np.concatenate([np.random.default_rng([seed, c, k]).permutation(n)
                                for k in range(-(-count // n))])[:count]
-        picked = pairs.take(np.sort(rows))
-        for s, t in zip(picked.src, picked.tgt, strict=True):
+        rows = np.sort(rows)
+        for s, t in zip(pairs.take(rows, "src"), pairs.take(rows, "tgt"), strict=True):
             out.append(s)
             out.append(t)
     return out

@@ -15,7 +15,7 @@ import os
 import random
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
@@ -239,9 +239,3 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def iter_sides(src: list[str], tgt: list[str]) -> Iterator[str]:
-    """Both sides of a parallel corpus as one stream of sentences (for a joint vocabulary)."""
-    yield from src
-    yield from tgt
