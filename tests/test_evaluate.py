@@ -11,6 +11,7 @@ import pytest
 
 from transformer import evaluate
 from transformer.corpus import read_lines
+from transformer.names import SIGNATURE
 
 from helpers import tiny_checkpoint
 
@@ -47,6 +48,21 @@ def test_scores_equal_the_sacrebleu_command_line(tmp_path):
     assert_same_as_cli(report, tmp_path / "ref", tmp_path / "hyp")
 
 
+def test_the_name_copy_rate_stands_beside_bleu_given_the_sources():
+    src, refs = read_lines(SAMPLE / "dev.it"), read_lines(SAMPLE / "dev.en")
+    hyps = [r.lower() for r in refs]  # every name lost, many n-grams kept
+    plain, named = evaluate.score(hyps, refs), evaluate.score(hyps, refs, src)
+    assert "names" not in plain["scores"] and "name_copy" not in plain
+    assert {k: v for k, v in named["scores"].items() if k != "names"} == plain["scores"]
+    assert named["scores"]["names"] == 0.0 and named["signatures"]["names"] == SIGNATURE
+    assert named["name_copy"]["names"] > 0 and named["name_copy"]["copied"] == 0
+    perfect = evaluate.score(refs, refs, src)
+    assert perfect["scores"]["names"] == 100.0
+    assert perfect["name_copy"] == {**named["name_copy"], "copied": named["name_copy"]["names"]}
+    n = perfect["name_copy"]["names"]
+    assert perfect["verbose"]["names"].startswith(f"names = 100.00 ({n}/{n} copied, ")
+
+
 @pytest.fixture
 def checkpoint(tmp_path) -> Path:
     """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
@@ -75,3 +91,6 @@ def test_mt_evaluate_writes_files_and_report_that_sacrebleu_agrees_with(
     assert_same_as_cli(report, ref, hyp)
     printed = capsys.readouterr().out
     assert f"BLEU = {report['scores']['BLEU']:.2f}" in printed
+    # The first 12 sample pairs hold no name: no rate, and no division by zero.
+    assert report["scores"]["names"] is None and report["name_copy"]["names"] == 0
+    assert f"names = n/a (the references copy no name)  ({SIGNATURE})" in printed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from transformer import checkpoint as ckpt
 from transformer.batching import collate
 from transformer.config import PROJECT_ROOT, TrainConfig, to_dataclass
+from transformer.names import NameCopy
 from transformer.rundir import RunDirError
 from transformer.trainer import Trainer
 from transformer.validation import DevResult, bleu_sample
@@ -41,11 +43,13 @@ def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path)
     assert (run_dir / "config.yaml").is_file() and (run_dir / "train.log").is_file()
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert [s for s, _ in scalars(run_dir, "dev/bleu")] == [10, 20]
+    assert [s for s, _ in scalars(run_dir, "dev/name_copy")] == [10, 20]  # the sample has a name
     assert scalars(run_dir, "train/loss")[-1][1] < scalars(run_dir, "train/loss")[0][1]
     # Without a progress bar (trainer.progress=false) the log shows training progress.
     logged = (run_dir / "train.log").read_text()
     for step in (5, 10, 15, 20):
         assert f"step {step}: loss" in logged
+    assert re.search(r"step 20 dev: loss .* chrF [\d.]+ names [\d.]+% \(\d+/\d+\)\n", logged)
 
 
 def test_console_command_runs(tmp_path):
@@ -124,7 +128,8 @@ def test_patience_stops_after_that_many_validations_without_a_better_score(tmp_p
 
     def fake_validate(self):
         bleu = next(scores)
-        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu, examples=[])}
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu,
+                                     names=NameCopy(names=2, copied=1, sentences=2), examples=[])}
 
     monkeypatch.setattr(Trainer, "validate", fake_validate)
     trainer = run(tmp_path / "run", "trainer.max_steps=100", "trainer.val_every=2", "trainer.patience=3")
@@ -139,7 +144,8 @@ def test_the_last_update_is_validated_even_off_the_validation_grid(tmp_path, mon
 
     def fake_validate(self):
         bleu = next(scores)
-        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu, examples=[])}
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu,
+                                     names=NameCopy(names=2, copied=1, sentences=2), examples=[])}
 
     monkeypatch.setattr(Trainer, "validate", fake_validate)
     trainer = run(tmp_path / "run", "trainer.max_steps=7", "trainer.val_every=5", "trainer.save_every=1")

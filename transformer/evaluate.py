@@ -1,4 +1,5 @@
-"""`mt-evaluate`: translate a test set and score it with sacrebleu (BLEU, chrF, TER).
+"""`mt-evaluate`: translate a test set and score it with sacrebleu (BLEU, chrF, TER) and
+the name-copy rate (`transformer.names`).
 
     mt-evaluate checkpoint=runs/tatoeba_cpu/checkpoints/best test_set=tatoeba-test
     mt-evaluate checkpoint=CKPT test_set=flores200-devtest decode=greedy
@@ -10,7 +11,9 @@
 Writes `{output_dir}/{name}.{method}.hyp` (one line per test sentence), the references
 it scored against (`.ref`) and a JSON report (`.json`: scores, sacrebleu signatures,
 checkpoint, decode settings, engine, time, sentences/s). The scores are sacrebleu's defaults, so
-`sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU.
+`sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU. The name-copy
+rate is in percent beside them (`names`; null when the references copy no name), with its
+counts under `name_copy`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from transformer.config import DataConfig, DecodeConfig, _check_device, _positiv
 from transformer.corpus import DataError
 from transformer.data import load_test_set
 from transformer.decoding import decode_settings, load_for_inference, translate_lines
+from transformer.names import SIGNATURE, name_copy
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +62,24 @@ class EvaluateConfig:
         self.decode.validate("decode")
 
 
-def score(hyps: list[str], refs: list[str]) -> dict:
-    """sacrebleu's corpus BLEU, chrF and TER with their signatures (default settings)."""
-    report: dict = {"scores": {}, "signatures": {}}
+def score(hyps: list[str], refs: list[str], src: list[str] | None = None) -> dict:
+    """sacrebleu's corpus BLEU, chrF and TER with their signatures (default settings); given
+    the sources, also the name-copy rate (`names`, percent, None without names)."""
+    report: dict = {"scores": {}, "signatures": {}, "verbose": {}}
     for metric in (BLEU(), CHRF(), TER()):
         result = metric.corpus_score(hyps, [refs])
         report["scores"][result.name] = round(result.score, 4)
         report["signatures"][result.name] = str(metric.get_signature())
-        report.setdefault("verbose", {})[result.name] = str(result)
+        report["verbose"][result.name] = str(result)
+    if src is not None:
+        names = name_copy(src, hyps, refs)
+        rate = None if names.rate is None else round(100 * names.rate, 4)
+        report["scores"]["names"] = rate
+        report["signatures"]["names"] = SIGNATURE
+        report["verbose"]["names"] = (
+            "names = n/a (the references copy no name)" if rate is None else
+            f"names = {rate:.2f} ({names.copied}/{names.names} copied, {names.sentences} sentences)")
+        report["name_copy"] = asdict(names)
     return report
 
 
@@ -89,7 +103,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     report = {
         "test_set": cfg.test_set,
         "sentences": len(src),
-        **score(hyps, refs),
+        **score(hyps, refs, src),
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
         "decode": asdict(decode),
         "device": str(device),
@@ -106,7 +120,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     files["ref"].write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
     report["files"] = {k: str(v) for k, v in files.items()}
     files["report"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    for name in ("BLEU", "chrF2", "TER"):
+    for name in ("BLEU", "chrF2", "TER", "names"):
         print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
     print(f"{len(src)} sentences in {seconds:.1f} s ({report['sentences_per_second']} sent/s); "
           f"report: {files['report']}")

@@ -234,6 +234,8 @@ class Trainer:
                 prefix = f"dev/{name}" if several else "dev"
                 for k in ("loss", "nll", "ppl", "bleu", "chrf"):
                     self.writer.add_scalar(f"{prefix}/{k}", getattr(r, k), self.state.step)
+                if r.names.rate is not None:  # percent, on BLEU's scale
+                    self.writer.add_scalar(f"{prefix}/name_copy", 100 * r.names.rate, self.state.step)
                 examples = "\n\n".join(f"    src: {s}\n    ref: {r}\n    hyp: {h}" for s, r, h in r.examples)
                 self.writer.add_text(f"{prefix}/translations", examples, self.state.step)
             if several:  # the selection score under the single-dev-set tag
@@ -251,8 +253,8 @@ class Trainer:
             s.bad_validations += 1
         for name, r in results.items():
             label = f" {name}" if len(results) > 1 else ""
-            log.info("step %d dev%s: loss %.3f ppl %.2f BLEU %.2f chrF %.2f", s.step, label,
-                     r.loss, r.ppl, r.bleu, r.chrf)
+            log.info("step %d dev%s: loss %.3f ppl %.2f BLEU %.2f chrF %.2f %s", s.step, label,
+                     r.loss, r.ppl, r.bleu, r.chrf, r.names)
         what = "mean dev BLEU" if len(results) > 1 else "dev BLEU"
         log.info("step %d %s %.2f (best %.2f)", s.step, what, score, s.best_bleu)
         return self.tc.patience is not None and s.bad_validations >= self.tc.patience

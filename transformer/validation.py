@@ -1,5 +1,6 @@
 """Validation during training: per dev set, loss and perplexity (teacher forcing) and greedy
-BLEU and chrF; and the one score that selects the best checkpoint.
+BLEU, chrF and name-copy rate (`transformer.names`); and the one score that selects the
+best checkpoint (BLEU only: the name-copy rate is reported, never selected on).
 
 With several dev sets (a mix of corpora, `data=europarl_tatoeba`), each is scored on its
 own and the selection score is the mean of their BLEU scores, so that no corpus wins
@@ -21,6 +22,7 @@ from transformer.batching import TokenBatchSampler, collate, token_lengths
 from transformer.config import ConfigError, DecodeConfig
 from transformer.decoding import translate_lines
 from transformer.loss import batch_loss
+from transformer.names import NameCopy, name_copy
 from transformer.tokenizer import Tokenizer
 
 
@@ -41,6 +43,7 @@ class DevResult:
     ppl: float
     bleu: float
     chrf: float
+    names: NameCopy  # on the same sample as BLEU
     examples: list[tuple[str, str, str]]  # (source, reference, hypothesis), the first five
 
 
@@ -97,6 +100,7 @@ class Validator:
             ppl=math.exp(min(nll_sum / n_tokens, 50.0)),
             bleu=sacrebleu.corpus_bleu(hyps, [refs]).score,
             chrf=sacrebleu.corpus_chrf(hyps, [refs]).score,
+            names=name_copy(src, hyps, refs),
             examples=list(zip(src, refs, hyps))[:5],
         )
 
