@@ -75,3 +75,29 @@ def test_a_chain_of_runs_is_one_line_each_stage_continuing_the_last(tmp_path):
     png = plot_run_comparison([tmp_path / "child", f"{tmp_path / 'parent'}+{tmp_path / 'child'}"],
                               tmp_path / "chain.png", x="updates")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_test_set_scores_plot_from_evaluate_reports(tmp_path):
+    """scripts/plot_scores.py: one point per mt-evaluate folder, one line per test set."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folders = []
+    for i, bleu in enumerate((10.0, 12.5)):
+        folder = tmp_path / f"step_{i}"
+        folder.mkdir()
+        for name in ("europarl-test", "tatoeba-test"):
+            report = {"test_set": name, "scores": {"BLEU": bleu + len(name), "chrF2": 30.0}}
+            (folder / f"{name}.beam.json").write_text(json.dumps(report))
+        folders.append(str(folder))
+    script = Path(__file__).resolve().parent.parent / "scripts" / "plot_scores.py"
+    out = tmp_path / "scores.png"
+    proc = subprocess.run([sys.executable, str(script), *folders, "--x", "0", "250", "-o", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, str(script), *folders, "--x", "0", "-o", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "2 folders but 1 x values" in bad.stderr
