@@ -10,7 +10,8 @@ data cache's content key differs by size), then for each size:
 - `mt-train` of the prose recipe's model (small, pre-norm) on the prepared data for
   `--steps` updates: peak anonymous memory (what the process holds; the memory-mapped
   Arrow files are page cache, reported apart as file-backed).
-Everything it made is deleted as it goes (disk use peaks at about 7 GB at 10M pairs).
+Everything it made is deleted as it goes (disk use peaks at about 9.5 GB at 10M pairs: the
+corpus 2.5 GB, the cache 4.6 GB and the cleaned text while it prepares, 2.3 GB).
 
     python scripts/bench_scale.py                          # 1M, 3M, 10M pairs, 200 updates
     python scripts/bench_scale.py --sizes 100000 --steps 20   # a quick look
