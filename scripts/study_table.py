@@ -1,0 +1,106 @@
+"""The table of a study's trials (`mt-train -m hparams_search=...`), best first, in Markdown:
+each trial's settings, precision, updates and training time, and the dev scores of its
+last validation (BLEU and the name-copy rate on each dev set, and their mean BLEU, the
+study's objective). Read from the trials' run directories alone (config.yaml, train.log,
+the newest checkpoint's meta.json, TensorBoard), so it works while the study runs: a
+trial still training shows its progress and no scores.
+
+    python scripts/study_table.py runs/search/europarl_tatoeba_cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from transformer.curves import dev_sets, read_scalars
+
+# (column, path in config.yaml): the settings the prose study searches
+SETTINGS = [
+    ("layers", ("model.n_encoder_layers", "model.n_decoder_layers")),
+    ("d_model/d_ff", ("model.d_model", "model.d_ff")),
+    ("dropout", ("model.dropout",)),
+    ("lr", ("optim.lr",)),
+    ("warm-up", ("optim.warmup_steps",)),
+    ("smoothing", ("optim.label_smoothing",)),
+    ("max_tokens", ("data.max_tokens",)),
+    ("vocab", ("data.spm_vocab_size",)),
+    ("tatoeba weight", ("data.corpora.tatoeba",)),
+    ("Tatoeba-first epochs", ("data.phases.0.epochs",)),
+]
+
+
+def _get(config: dict, dotted: str):
+    value = config
+    for key in dotted.split("."):
+        if isinstance(value, list):
+            value = value[int(key)] if int(key) < len(value) else None
+        elif isinstance(value, dict):
+            value = value.get(key)
+        if value is None:
+            return None
+    return value
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "–" if value is None else str(value)
+
+
+def trial_row(run_dir: Path) -> dict:
+    """One trial's settings, progress and last dev scores."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    row = {name: "/".join(_fmt(_get(config, k)) for k in keys) for name, keys in SETTINGS}
+    log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
+    precision = re.search(r"precision: (\w+)", log)
+    row["precision"] = precision.group(1) if precision else "?"
+    metas = sorted((run_dir / "checkpoints").glob("step_*/meta.json"),
+                   key=lambda p: int(p.parent.name.split("_")[1]))
+    meta = json.loads(metas[-1].read_text()) if metas else {}
+    row["updates"] = meta.get("step", 0)
+    row["hours"] = meta.get("train_seconds", 0.0) / 3600
+    row["diverged"] = "diverged" in log
+    row["scores"], row["mean"] = {}, None
+    if (run_dir / "tb").is_dir():
+        scalars = read_scalars(run_dir)
+        for name in dev_sets(scalars):
+            bleu = scalars.get(f"dev/{name}/bleu")
+            names = scalars.get(f"dev/{name}/name_copy")
+            if bleu:
+                row["scores"][name] = (bleu[-1][2], names[-1][2] if names else None)
+        if scalars.get("dev/bleu"):
+            row["mean"] = scalars["dev/bleu"][-1][2]
+    return row
+
+
+def _score(bleu: float, names: float | None) -> str:
+    return f"{bleu:.1f} / " + ("–" if names is None else f"{names:.1f}")
+
+
+def markdown(rows: list[dict]) -> str:
+    devs = sorted({name for r in rows for name in r["scores"]})
+    head = ["#", *(name for name, _ in SETTINGS), "precision", "updates", "training h",
+            *(f"{d} dev BLEU / names %" for d in devs), "mean dev BLEU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, r in enumerate(rows, start=1):
+        scores = [_score(*r["scores"][d]) if d in r["scores"] else "–" for d in devs]
+        mean = "diverged" if r["diverged"] else ("training" if r["mean"] is None else f"{r['mean']:.2f}")
+        lines.append("| " + " | ".join([str(i), *(r[name] for name, _ in SETTINGS), r["precision"],
+                                         f"{r['updates']:,}", f"{r['hours']:.2f}", *scores, mean]) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep_dir", type=Path, help="the study's sweep directory (trainer.run_dir)")
+    args = ap.parse_args()
+    runs = [d for d in sorted(args.sweep_dir.iterdir()) if (d / "config.yaml").is_file()]
+    if not runs:
+        raise SystemExit(f"study_table: no trial run directories in {args.sweep_dir}")
+    rows = sorted((trial_row(d) for d in runs), key=lambda r: -(r["mean"] or -1))
+    print(markdown(rows))

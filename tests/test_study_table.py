@@ -1,0 +1,50 @@
+"""scripts/study_table.py: a study's trials as a table, best first, from their run directories."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "study_table.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("study_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trial(run_dir: Path, lr: float, bleu: tuple[float, float] | None, step: int = 400) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(
+        "model: {n_encoder_layers: 6, n_decoder_layers: 2, d_model: 256, d_ff: 1024, dropout: 0.0}\n"
+        f"optim: {{lr: {lr}, warmup_steps: 500, label_smoothing: 0.1}}\n"
+        "data: {max_tokens: 4096, spm_vocab_size: 8000, corpora: {europarl: 1.0, tatoeba: 3.0},"
+        " phases: [{epochs: 2, corpora: {tatoeba: 1.0}}]}\n")
+    (run_dir / "train.log").write_text("2026-11-24 INFO transformer.train: precision: bf16 (auto: ...)\n")
+    meta = run_dir / "checkpoints" / f"step_{step}" / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"step": step, "train_seconds": 1500.0}))
+    w = SummaryWriter(str(run_dir / "tb"))
+    w.add_scalar("train/loss", 3.0, step)
+    if bleu is not None:
+        for name, value in zip(("europarl", "tatoeba"), bleu, strict=True):
+            w.add_scalar(f"dev/{name}/bleu", value, step)
+            w.add_scalar(f"dev/{name}/name_copy", 40.0, step)
+        w.add_scalar("dev/bleu", sum(bleu) / 2, step)
+    w.close()
+
+
+def test_trials_are_listed_best_first_with_their_settings_and_scores(tmp_path):
+    table = _load()
+    _trial(tmp_path / "a", 1e-3, (10.0, 40.0))
+    _trial(tmp_path / "b", 2e-3, (14.0, 50.0))
+    _trial(tmp_path / "c", 4e-3, None, step=250)  # still training
+    rows = sorted((table.trial_row(tmp_path / d) for d in "abc"), key=lambda r: -(r["mean"] or -1))
+    assert [r["lr"] for r in rows] == ["0.002", "0.001", "0.004"]
+    assert rows[0]["layers"] == "6/2" and rows[0]["Tatoeba-first epochs"] == "2" and rows[0]["precision"] == "bf16"
+    assert rows[0]["scores"] == {"europarl": (14.0, 40.0), "tatoeba": (50.0, 40.0)} and rows[0]["mean"] == 32.0
+    text = table.markdown(rows)
+    assert "| 1 | 6/2 |" in text and "14.0 / 40.0" in text and "32.00" in text and text.endswith("training |")
