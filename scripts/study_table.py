@@ -11,12 +11,12 @@ trial still training shows its progress and no scores.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
 import yaml
 
+from transformer.checkpoint import load_meta, step_checkpoints
 from transformer.curves import dev_sets, read_scalars
 
 # (column, path in config.yaml): the settings the prose study searches
@@ -59,9 +59,8 @@ def trial_row(run_dir: Path) -> dict:
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     precision = re.search(r"precision: (\w+)", log)
     row["precision"] = precision.group(1) if precision else "?"
-    metas = sorted((run_dir / "checkpoints").glob("step_*/meta.json"),
-                   key=lambda p: int(p.parent.name.split("_")[1]))
-    meta = json.loads(metas[-1].read_text()) if metas else {}
+    steps = step_checkpoints(run_dir)
+    meta = load_meta(steps[-1]) if steps else {}
     row["updates"] = meta.get("step", 0)
     row["hours"] = meta.get("train_seconds", 0.0) / 3600
     row["diverged"] = "diverged" in log
