@@ -83,7 +83,7 @@ def _score(bleu: float, names: float | None) -> str:
 
 def markdown(rows: list[dict]) -> str:
     devs = sorted({name for r in rows for name in r["scores"]})
-    head = ["#", *(name for name, _ in SETTINGS), "precision", "updates", "training h",
+    head = ["rank", *(name for name, _ in SETTINGS), "precision", "updates", "training h",
             *(f"{d} dev BLEU / names %" for d in devs), "mean dev BLEU"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows, start=1):
