@@ -34,6 +34,16 @@ def test_curves_join_resumed_segments_without_the_gap(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_trainers_clock_places_the_points_where_the_run_logged_it(tmp_path):
+    w = SummaryWriter(str(tmp_path / "tb"))
+    for step in (1, 2, 3, 4):  # a minute of wall time a log, of which 30 s were training
+        w.add_scalar("train/loss", 5.0 - step / 10, step, walltime=1_000_000 + 60 * step)
+        w.add_scalar("train/hours", 30 * step / 3600, step, walltime=1_000_000 + 60 * step)
+    w.close()
+    hours = training_hours(read_scalars(tmp_path))
+    assert hours == pytest.approx({1: 30 / 3600, 2: 60 / 3600, 3: 90 / 3600, 4: 120 / 3600})
+
+
 def _mixed_run(run_dir, slope=1.0):
     w = SummaryWriter(str(run_dir / "tb"))
     for step in (1, 2, 3, 4):

@@ -38,11 +38,16 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[float, int, float]
 
 
 def training_hours(scalars: dict[str, list[tuple[float, int, float]]]) -> dict[int, float]:
-    """step -> hours of training, from the wall times of `train/loss`, without the pauses
-    between resumed segments: an interval between two logs longer than four typical ones
-    (their median), or than 10 minutes, counts as one typical interval (the restart's
-    loading and the updates redone since the last checkpoint are not training time)."""
+    """step -> hours of training. The trainer's own clock where the run logged it at every
+    log step (`train/hours`: what `trainer.max_hours` counts, without validation,
+    checkpoints and restarts). Older runs: the wall times of `train/loss`, without the
+    pauses between resumed segments (an interval between two logs longer than four typical
+    ones, their median, or than 10 minutes, counts as one typical interval), so validation
+    and checkpoints are in it."""
     points = scalars["train/loss"]
+    clock = {step: value for _, step, value in scalars.get("train/hours", [])}
+    if clock and all(step in clock for _, step, _ in points):
+        return clock
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(points)]
     typical = statistics.median_high(gaps) if gaps else 0.0
     hours, total = {}, 0.0

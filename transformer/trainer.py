@@ -376,6 +376,7 @@ class Trainer:
         w.add_scalar("train/tokens_per_s", window["tokens_per_s"], step)
         w.add_scalar("train/skipped_steps", self.state.skipped_steps, step)
         w.add_scalar("train/epoch", self.state.epoch, step)
+        w.add_scalar("train/hours", self.state.train_seconds / 3600, step)  # what max_hours counts
         if self.device.type == "cuda":
             w.add_scalar("train/gpu_mem_gb", torch.cuda.max_memory_allocated(self.device) / 2**30, step)
         else:
