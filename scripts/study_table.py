@@ -14,7 +14,7 @@ import argparse
 import re
 from pathlib import Path
 
-import yaml
+from omegaconf import OmegaConf
 
 from transformer.checkpoint import load_meta, step_checkpoints
 from transformer.curves import dev_sets, read_scalars
@@ -34,18 +34,6 @@ SETTINGS = [
 ]
 
 
-def _get(config: dict, dotted: str):
-    value = config
-    for key in dotted.split("."):
-        if isinstance(value, list):
-            value = value[int(key)] if int(key) < len(value) else None
-        elif isinstance(value, dict):
-            value = value.get(key)
-        if value is None:
-            return None
-    return value
-
-
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -54,8 +42,8 @@ def _fmt(value) -> str:
 
 def trial_row(run_dir: Path) -> dict:
     """One trial's settings, progress and last dev scores."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    row = {name: "/".join(_fmt(_get(config, k)) for k in keys) for name, keys in SETTINGS}
+    config = OmegaConf.load(run_dir / "config.yaml")
+    row = {name: "/".join(_fmt(OmegaConf.select(config, k)) for k in keys) for name, keys in SETTINGS}
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     precision = re.search(r"precision: (\w+)", log)
     row["precision"] = precision.group(1) if precision else "?"
@@ -81,6 +69,11 @@ def _score(bleu: float, names: float | None) -> str:
     return f"{bleu:.1f} / " + ("–" if names is None else f"{names:.1f}")
 
 
+def best_first(rows: list[dict]) -> list[dict]:
+    """Highest mean dev BLEU first; trials without a score (still training) last."""
+    return sorted(rows, key=lambda r: -(r["mean"] or -1))
+
+
 def markdown(rows: list[dict]) -> str:
     devs = sorted({name for r in rows for name in r["scores"]})
     head = ["rank", *(name for name, _ in SETTINGS), "precision", "updates", "training h",
@@ -101,5 +94,4 @@ if __name__ == "__main__":
     runs = [d for d in sorted(args.sweep_dir.iterdir()) if (d / "config.yaml").is_file()]
     if not runs:
         raise SystemExit(f"study_table: no trial run directories in {args.sweep_dir}")
-    rows = sorted((trial_row(d) for d in runs), key=lambda r: -(r["mean"] or -1))
-    print(markdown(rows))
+    print(markdown(best_first([trial_row(d) for d in runs])))

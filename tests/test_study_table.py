@@ -42,7 +42,7 @@ def test_trials_are_listed_best_first_with_their_settings_and_scores(tmp_path):
     _trial(tmp_path / "a", 1e-3, (10.0, 40.0))
     _trial(tmp_path / "b", 2e-3, (14.0, 50.0))
     _trial(tmp_path / "c", 4e-3, None, step=250)  # still training
-    rows = sorted((table.trial_row(tmp_path / d) for d in "abc"), key=lambda r: -(r["mean"] or -1))
+    rows = table.best_first([table.trial_row(tmp_path / d) for d in "abc"])
     assert [r["lr"] for r in rows] == ["0.002", "0.001", "0.004"]
     assert rows[0]["layers"] == "6/2" and rows[0]["Tatoeba-first epochs"] == "2" and rows[0]["precision"] == "bf16"
     assert rows[0]["scores"] == {"europarl": (14.0, 40.0), "tatoeba": (50.0, 40.0)} and rows[0]["mean"] == 32.0

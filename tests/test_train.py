@@ -49,7 +49,7 @@ def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path)
     assert scalars(run_dir, "train/loss")[-1][1] < scalars(run_dir, "train/loss")[0][1]
     clock = scalars(run_dir, "train/hours")  # the trainer's clock, beside every loss point
     assert [s for s, _ in clock] == [s for s, _ in scalars(run_dir, "train/loss")]
-    assert all(a < b for (_, a), (_, b) in zip(clock, clock[1:]))
+    assert all(a < b for (_, a), (_, b) in itertools.pairwise(clock))
     assert clock[-1][1] * 3600 <= trainer.state.train_seconds
     # Without a progress bar (trainer.progress=false) the log shows training progress.
     logged = (run_dir / "train.log").read_text()
