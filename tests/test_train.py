@@ -50,7 +50,7 @@ def test_debug_run_writes_a_loadable_checkpoint_and_tensorboard_events(tmp_path)
     clock = scalars(run_dir, "train/hours")  # the trainer's clock, beside every loss point
     assert [s for s, _ in clock] == [s for s, _ in scalars(run_dir, "train/loss")]
     assert all(a < b for (_, a), (_, b) in itertools.pairwise(clock))
-    assert clock[-1][1] * 3600 <= trainer.state.train_seconds
+    assert clock[-1][1] * 3600 <= trainer.state.train_seconds * (1 + 1e-6)  # TensorBoard keeps float32
     # Without a progress bar (trainer.progress=false) the log shows training progress.
     logged = (run_dir / "train.log").read_text()
     for step in (5, 10, 15, 20):
