@@ -76,9 +76,7 @@ def score(hyps: list[str], refs: list[str], src: list[str] | None = None) -> dic
         rate = None if names.rate is None else round(100 * names.rate, 4)
         report["scores"]["names"] = rate
         report["signatures"]["names"] = SIGNATURE
-        report["verbose"]["names"] = (
-            "names = n/a (the references copy no name)" if rate is None else
-            f"names = {rate:.2f} ({names.copied}/{names.names} copied, {names.sentences} sentences)")
+        report["verbose"]["names"] = names.verbose()
         report["name_copy"] = asdict(names)
     return report
 

@@ -49,6 +49,12 @@ class NameCopy:
             return "names n/a (0/0)"
         return f"names {100 * self.rate:.1f}% ({self.copied}/{self.names})"
 
+    def verbose(self) -> str:
+        """The long form, in the style of sacrebleu's `BLEU = ...` lines (mt-evaluate's report)."""
+        if self.rate is None:
+            return "names = n/a (the references copy no name)"
+        return f"names = {100 * self.rate:.2f} ({self.copied}/{self.names} copied, {self.sentences} sentences)"
+
 
 def contains_word(text: str, word: str) -> bool:
     """`word` occurs in `text` verbatim and as a whole word (no letter, digit or `_` beside it)."""
