@@ -3,7 +3,10 @@ each trial's settings, precision, updates and training time, and the dev scores 
 last validation (BLEU and the name-copy rate on each dev set, and their mean BLEU, the
 study's objective). Read from the trials' run directories alone (config.yaml, train.log,
 the newest checkpoint's meta.json, TensorBoard), so it works while the study runs: a
-trial still training shows its progress and no scores.
+trial still training shows its progress and no scores. Where the study's storage
+(`optuna.db` in the sweep directory) is there, a column names each row's Optuna trial
+numbers: a trial a stopped study asked again shares its run directory with its first
+attempt, so a row can hold two.
 
     python scripts/study_table.py runs/search/europarl_tatoeba_cpu
 """
@@ -11,6 +14,7 @@ trial still training shows its progress and no scores.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -65,6 +69,29 @@ def trial_row(run_dir: Path) -> dict:
     return row
 
 
+def trial_numbers(storage: str, study_name: str, rows: list[dict], run_dirs: list[Path]) -> None:
+    """Set each row's "trials" to the Optuna trial numbers whose sampled settings its run
+    directory's config.yaml holds (the numbers the study's log and storage use)."""
+    import optuna  # the tune extra
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        trials = optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:
+        raise SystemExit(f"study_table: no study {study_name!r} in {storage} (give --study-name)") from None
+    for row, run_dir in zip(rows, run_dirs, strict=True):
+        config = OmegaConf.load(run_dir / "config.yaml")
+
+        def same(key, value, config=config) -> bool:
+            held = OmegaConf.select(config, key)
+            if isinstance(value, float) and isinstance(held, int | float):
+                return math.isclose(held, value, rel_tol=1e-12)
+            return held == value
+
+        row["trials"] = ", ".join(str(t.number) for t in trials
+                                  if t.params and all(same(k, v) for k, v in t.params.items()))
+
+
 def _score(bleu: float, names: float | None) -> str:
     return f"{bleu:.1f} / " + ("–" if names is None else f"{names:.1f}")
 
@@ -76,13 +103,15 @@ def best_first(rows: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     devs = sorted({name for r in rows for name in r["scores"]})
-    head = ["rank", *(name for name, _ in SETTINGS), "precision", "updates", "training h",
+    numbered = any("trials" in r for r in rows)
+    head = ["rank", *(["Optuna trial"] if numbered else []), *(name for name, _ in SETTINGS), "precision", "updates", "training h",
             *(f"{d} dev BLEU / names %" for d in devs), "mean dev BLEU"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows, start=1):
         scores = [_score(*r["scores"][d]) if d in r["scores"] else "–" for d in devs]
         mean = "diverged" if r["diverged"] else ("training" if r["mean"] is None else f"{r['mean']:.2f}")
-        lines.append("| " + " | ".join([str(i), *(r[name] for name, _ in SETTINGS), r["precision"],
+        number = [r.get("trials") or "–"] if numbered else []
+        lines.append("| " + " | ".join([str(i), *number, *(r[name] for name, _ in SETTINGS), r["precision"],
                                          f"{r['updates']:,}", f"{r['hours']:.2f}", *scores, mean]) + " |")
     return "\n".join(lines)
 
@@ -90,8 +119,14 @@ def markdown(rows: list[dict]) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep_dir", type=Path, help="the study's sweep directory (trainer.run_dir)")
+    ap.add_argument("--study-name", default=None,
+                    help="the Optuna study in SWEEP_DIR/optuna.db (default: the directory's name)")
     args = ap.parse_args()
     runs = [d for d in sorted(args.sweep_dir.iterdir()) if (d / "config.yaml").is_file()]
     if not runs:
         raise SystemExit(f"study_table: no trial run directories in {args.sweep_dir}")
-    print(markdown(best_first([trial_row(d) for d in runs])))
+    rows = [trial_row(d) for d in runs]
+    if (args.sweep_dir / "optuna.db").is_file():
+        trial_numbers(f"sqlite:///{args.sweep_dir / 'optuna.db'}", args.study_name or args.sweep_dir.name,
+                      rows, runs)
+    print(markdown(best_first(rows)))

@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "study_table.py"
@@ -48,3 +49,28 @@ def test_trials_are_listed_best_first_with_their_settings_and_scores(tmp_path):
     assert rows[0]["scores"] == {"europarl": (14.0, 40.0), "tatoeba": (50.0, 40.0)} and rows[0]["mean"] == 32.0
     text = table.markdown(rows)
     assert "| 1 | 6/2 |" in text and "14.0 / 40.0" in text and "32.00" in text and text.endswith("training |")
+
+
+def test_rows_name_their_optuna_trials_a_retried_trial_sharing_its_first_attempts_row(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    from optuna.distributions import CategoricalDistribution  # in optuna 2 and 3
+    from optuna.trial import TrialState, create_trial
+
+    table = _load()
+    _trial(tmp_path / "a", 1e-3, (10.0, 40.0))
+    _trial(tmp_path / "b", 0.0011180771903422713, (14.0, 50.0))
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    lr = {"optim.lr": CategoricalDistribution((1e-3, 0.0011180771903422713))}
+    study.add_trial(create_trial(params={"optim.lr": 1e-3}, distributions=lr, value=25.0))
+    study.add_trial(create_trial(params={"optim.lr": 0.0011180771903422713}, distributions=lr,
+                                 state=TrialState.FAIL))  # stopped, asked again as trial 2
+    study.add_trial(create_trial(params={"optim.lr": 0.0011180771903422713}, distributions=lr, value=32.0))
+    runs = [tmp_path / "a", tmp_path / "b"]
+    rows = [table.trial_row(d) for d in runs]
+    table.trial_numbers(storage, "s", rows, runs)
+    assert [r["trials"] for r in rows] == ["0", "1, 2"]
+    assert "| rank | Optuna trial | layers |" in table.markdown(rows)
+    assert "| rank | layers |" in table.markdown([table.trial_row(d) for d in runs])  # no storage
+    with pytest.raises(SystemExit, match="no study 'other'"):
+        table.trial_numbers(storage, "other", rows, runs)
