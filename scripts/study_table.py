@@ -81,15 +81,16 @@ def trial_numbers(storage: str, study_name: str, rows: list[dict], run_dirs: lis
         raise SystemExit(f"study_table: no study {study_name!r} in {storage} (give --study-name)") from None
     for row, run_dir in zip(rows, run_dirs, strict=True):
         config = OmegaConf.load(run_dir / "config.yaml")
-
-        def same(key, value, config=config) -> bool:
-            held = OmegaConf.select(config, key)
-            if isinstance(value, float) and isinstance(held, int | float):
-                return math.isclose(held, value, rel_tol=1e-12)
-            return held == value
-
         row["trials"] = ", ".join(str(t.number) for t in trials
-                                  if t.params and all(same(k, v) for k, v in t.params.items()))
+                                  if t.params and all(_holds(config, k, v) for k, v in t.params.items()))
+
+
+def _holds(config, key: str, value) -> bool:
+    """Whether a run's config holds a trial's sampled value (floats as written, to rounding)."""
+    held = OmegaConf.select(config, key)
+    if isinstance(value, float) and isinstance(held, int | float):
+        return math.isclose(held, value, rel_tol=1e-12)
+    return held == value
 
 
 def _score(bleu: float, names: float | None) -> str:
