@@ -48,6 +48,7 @@ def trial_row(run_dir: Path) -> dict:
     """One trial's settings, progress and last dev scores."""
     config = OmegaConf.load(run_dir / "config.yaml")
     row = {name: "/".join(_fmt(OmegaConf.select(config, k)) for k in keys) for name, keys in SETTINGS}
+    row["config"] = config  # for trial_numbers
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     precision = re.search(r"precision: (\w+)", log)
     row["precision"] = precision.group(1) if precision else "?"
@@ -69,7 +70,7 @@ def trial_row(run_dir: Path) -> dict:
     return row
 
 
-def trial_numbers(storage: str, study_name: str, rows: list[dict], run_dirs: list[Path]) -> None:
+def trial_numbers(storage: str, study_name: str, rows: list[dict]) -> None:
     """Set each row's "trials" to the Optuna trial numbers whose sampled settings its run
     directory's config.yaml holds (the numbers the study's log and storage use)."""
     import optuna  # the tune extra
@@ -79,10 +80,9 @@ def trial_numbers(storage: str, study_name: str, rows: list[dict], run_dirs: lis
         trials = optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
     except KeyError:
         raise SystemExit(f"study_table: no study {study_name!r} in {storage} (give --study-name)") from None
-    for row, run_dir in zip(rows, run_dirs, strict=True):
-        config = OmegaConf.load(run_dir / "config.yaml")
+    for row in rows:
         row["trials"] = ", ".join(str(t.number) for t in trials
-                                  if t.params and all(_holds(config, k, v) for k, v in t.params.items()))
+                                  if t.params and all(_holds(row["config"], k, v) for k, v in t.params.items()))
 
 
 def _holds(config, key: str, value) -> bool:
@@ -128,6 +128,5 @@ if __name__ == "__main__":
         raise SystemExit(f"study_table: no trial run directories in {args.sweep_dir}")
     rows = [trial_row(d) for d in runs]
     if (args.sweep_dir / "optuna.db").is_file():
-        trial_numbers(f"sqlite:///{args.sweep_dir / 'optuna.db'}", args.study_name or args.sweep_dir.name,
-                      rows, runs)
+        trial_numbers(f"sqlite:///{args.sweep_dir / 'optuna.db'}", args.study_name or args.sweep_dir.name, rows)
     print(markdown(best_first(rows)))

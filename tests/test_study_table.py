@@ -68,9 +68,9 @@ def test_rows_name_their_optuna_trials_a_retried_trial_sharing_its_first_attempt
     study.add_trial(create_trial(params={"optim.lr": 0.0011180771903422713}, distributions=lr, value=32.0))
     runs = [tmp_path / "a", tmp_path / "b"]
     rows = [table.trial_row(d) for d in runs]
-    table.trial_numbers(storage, "s", rows, runs)
+    table.trial_numbers(storage, "s", rows)
     assert [r["trials"] for r in rows] == ["0", "1, 2"]
     assert "| rank | Optuna trial | layers |" in table.markdown(rows)
     assert "| rank | layers |" in table.markdown([table.trial_row(d) for d in runs])  # no storage
     with pytest.raises(SystemExit, match="no study 'other'"):
-        table.trial_numbers(storage, "other", rows, runs)
+        table.trial_numbers(storage, "other", rows)
