@@ -9,6 +9,14 @@ numbers: a trial a stopped study asked again shares its run directory with its f
 attempt, so a row can hold two.
 
     python scripts/study_table.py runs/search/europarl_tatoeba_cpu
+
+With --command N it prints instead the `mt-train` command that trains Optuna trial N again
+outside the study, its configuration exactly (every setting where the trial's config.yaml
+differs from the study's experiment), with the overrides given after it on top, e.g. the
+two-hour confirmation of a proxy trial:
+
+    python scripts/study_table.py runs/search/europarl_tatoeba_cpu --command 10 \
+        trainer.max_hours=2 trainer.run_dir=runs/confirm/trial10
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shlex
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -48,7 +57,7 @@ def trial_row(run_dir: Path) -> dict:
     """One trial's settings, progress and last dev scores."""
     config = OmegaConf.load(run_dir / "config.yaml")
     row = {name: "/".join(_fmt(OmegaConf.select(config, k)) for k in keys) for name, keys in SETTINGS}
-    row["config"] = config  # for trial_numbers
+    row["config"], row["run_dir"] = config, run_dir  # for trial_numbers, run_dir_of
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     precision = re.search(r"precision: (\w+)", log)
     row["precision"] = precision.group(1) if precision else "?"
@@ -83,6 +92,69 @@ def trial_numbers(storage: str, study_name: str, rows: list[dict]) -> None:
     for row in rows:
         row["trials"] = ", ".join(str(t.number) for t in trials
                                   if t.params and all(_holds(row["config"], k, v) for k, v in t.params.items()))
+
+
+def run_dir_of(trial: int, rows: list[dict]) -> Path:
+    """The run directory of Optuna trial `trial` (rows numbered by `trial_numbers`)."""
+    for row in rows:
+        if str(trial) in row.get("trials", "").split(", "):
+            return row["run_dir"]
+    raise SystemExit(f"study_table: no run directory holds the settings of trial {trial}")
+
+
+def study_experiment(sweep_dir: Path) -> str:
+    """The experiment a study searches around: `override /experiment: X` in
+    configs/hparams_search/<sweep dir name>.yaml."""
+    search = Path(__file__).resolve().parent.parent / "configs" / "hparams_search" / f"{sweep_dir.name}.yaml"
+    if search.is_file():
+        for entry in OmegaConf.to_container(OmegaConf.load(search)).get("defaults", []):
+            if isinstance(entry, dict) and "override /experiment" in entry:
+                return entry["override /experiment"]
+    raise SystemExit(f"study_table: no configs/hparams_search/{sweep_dir.name}.yaml naming its experiment "
+                     "(give --experiment)")
+
+
+def _flat(node, prefix: str = "") -> dict:
+    """{"a.b.c": leaf}; a list is one leaf (Hydra overrides a list whole)."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    return {k: v for key, value in node.items() for k, v in _flat(value, f"{prefix}{key}.").items()} \
+        if node else {prefix: node}
+
+
+def _value(v) -> str:
+    """A Python value in Hydra's override grammar."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    return v if re.fullmatch(r"[\w./-]+", v) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def trial_overrides(run_dir: Path, experiment: str, extra: list[str]) -> list[str]:
+    """`experiment=X` and the overrides that make a fresh `mt-train` compose the trial's
+    config.yaml, less its run directory and the keys `extra` sets, then `extra`."""
+    from hydra import compose, initialize_config_dir
+
+    from transformer.cli import CONFIG_PATH
+
+    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        base = _flat(OmegaConf.to_container(compose("train", overrides=[f"experiment={experiment}"]), resolve=True))
+    trial = _flat(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
+    unknown = sorted(set(trial) - set(base))
+    if unknown:
+        raise SystemExit(f"study_table: {run_dir / 'config.yaml'}: keys the config schema no longer has: "
+                         + ", ".join(k[:-1] for k in unknown))
+    given = {o.split("=", 1)[0].lstrip("+~") for o in extra}
+    changed = [f"{key[:-1]}={_value(value)}" for key, value in trial.items()
+               if value != base[key] and key[:-1] not in given and key[:-1] != "trainer.run_dir"]
+    return [f"experiment={experiment}", *changed, *extra]
 
 
 def _holds(config, key: str, value) -> bool:
@@ -122,11 +194,26 @@ if __name__ == "__main__":
     ap.add_argument("sweep_dir", type=Path, help="the study's sweep directory (trainer.run_dir)")
     ap.add_argument("--study-name", default=None,
                     help="the Optuna study in SWEEP_DIR/optuna.db (default: the directory's name)")
-    args = ap.parse_args()
+    ap.add_argument("--command", type=int, metavar="N",
+                    help="print the mt-train command that trains Optuna trial N again, OVERRIDES on top")
+    ap.add_argument("--experiment", default=None,
+                    help="with --command: the experiment the study searched around "
+                         "(default: the one configs/hparams_search/<SWEEP_DIR name>.yaml overrides)")
+    ap.add_argument("overrides", nargs="*", help="with --command: Hydra overrides added to the trial's")
+    args = ap.parse_intermixed_args()
+    if args.overrides and args.command is None:
+        ap.error("overrides are for --command")
     runs = [d for d in sorted(args.sweep_dir.iterdir()) if (d / "config.yaml").is_file()]
     if not runs:
         raise SystemExit(f"study_table: no trial run directories in {args.sweep_dir}")
     rows = [trial_row(d) for d in runs]
     if (args.sweep_dir / "optuna.db").is_file():
         trial_numbers(f"sqlite:///{args.sweep_dir / 'optuna.db'}", args.study_name or args.sweep_dir.name, rows)
-    print(markdown(best_first(rows)))
+    if args.command is None:
+        print(markdown(best_first(rows)))
+    else:
+        if not (args.sweep_dir / "optuna.db").is_file():
+            raise SystemExit(f"study_table: --command needs the study's storage, {args.sweep_dir / 'optuna.db'}")
+        overrides = trial_overrides(run_dir_of(args.command, rows), args.experiment or study_experiment(args.sweep_dir),
+                                    args.overrides)
+        print(" ".join(["mt-train", *map(shlex.quote, overrides)]))

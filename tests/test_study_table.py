@@ -74,3 +74,48 @@ def test_rows_name_their_optuna_trials_a_retried_trial_sharing_its_first_attempt
     assert "| rank | layers |" in table.markdown([table.trial_row(d) for d in runs])  # no storage
     with pytest.raises(SystemExit, match="no study 'other'"):
         table.trial_numbers(storage, "other", rows)
+
+
+def _compose(overrides: list[str]) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from transformer.cli import CONFIG_PATH
+
+    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
+
+
+def test_a_trial_command_composes_the_trials_config_with_the_overrides_on_top(tmp_path):
+    """--command's overrides are the property that matters: a fresh `mt-train` composes from
+    them exactly the trial's config.yaml, its run directory and the keys given aside."""
+    import yaml
+
+    table = _load()
+    sampled = ["model.n_encoder_layers=6", "model.n_decoder_layers=2", "model.dropout=0.0",
+               "optim.lr=0.0007925851919632147", "data.corpora.tatoeba=4.0", "data.epoch_pairs=100000",
+               "data.phases=[{epochs: 4, corpora: {tatoeba: 1.0}}]", "trainer.max_hours=0.42",
+               "trainer.run_dir='runs/search/s/trial~1'", r"data.tokenizer='it\'s here/spm.model'"]
+    trial = _compose(["experiment=europarl_tatoeba_cpu", *sampled])
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.yaml").write_text(yaml.safe_dump(trial))
+    extra = ["trainer.max_hours=2", "trainer.run_dir=runs/confirm/t"]
+    overrides = table.trial_overrides(tmp_path / "t", "europarl_tatoeba_cpu", extra)
+    assert overrides[0] == "experiment=europarl_tatoeba_cpu" and overrides[-2:] == extra
+    assert not any(o.startswith(("trainer.max_hours=0.42", "trainer.run_dir=runs/search")) for o in overrides)
+    again = _compose(overrides)
+    assert again["trainer"].pop("max_hours") == 2 and again["trainer"].pop("run_dir") == "runs/confirm/t"
+    del trial["trainer"]["max_hours"], trial["trainer"]["run_dir"]
+    assert again == trial and again["data"]["tokenizer"] == "it's here/spm.model"
+
+
+def test_a_trial_command_refuses_a_config_with_keys_the_schema_lost_and_an_unknown_trial(tmp_path):
+    table = _load()
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.yaml").write_text("model: {d_model: 256, gone: 1}\n")
+    with pytest.raises(SystemExit, match=r"config.yaml: keys the config schema no longer has: model.gone"):
+        table.trial_overrides(tmp_path / "t", "europarl_tatoeba_cpu", [])
+    with pytest.raises(SystemExit, match="no run directory holds the settings of trial 7"):
+        table.run_dir_of(7, [{"trials": "1, 17", "run_dir": tmp_path / "t"}])
+    assert table.run_dir_of(17, [{"trials": "1, 17", "run_dir": tmp_path / "t"}]) == tmp_path / "t"
+    assert table.study_experiment(Path("runs/search/europarl_tatoeba_cpu")) == "europarl_tatoeba_cpu"
