@@ -134,7 +134,8 @@ def _value(v) -> str:
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
-    return v if re.fullmatch(r"[\w./-]+", v) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    plain = re.fullmatch(r"[A-Za-z_./][\w./-]*", v) and v.lower() not in {"true", "false", "null", "inf", "nan"}
+    return v if plain else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def trial_overrides(run_dir: Path, experiment: str, extra: list[str]) -> list[str]:

@@ -95,7 +95,8 @@ def test_a_trial_command_composes_the_trials_config_with_the_overrides_on_top(tm
     sampled = ["model.n_encoder_layers=6", "model.n_decoder_layers=2", "model.dropout=0.0",
                "optim.lr=0.0007925851919632147", "data.corpora.tatoeba=4.0", "data.epoch_pairs=100000",
                "data.phases=[{epochs: 4, corpora: {tatoeba: 1.0}}]", "trainer.max_hours=0.42",
-               "trainer.run_dir='runs/search/s/trial~1'", r"data.tokenizer='it\'s here/spm.model'"]
+               "trainer.run_dir='runs/search/s/trial~1'", r"data.tokenizer='it\'s here/spm.model'", "data.cache_dir='2026'",
+               "trainer.device='null'"]
     trial = _compose(["experiment=europarl_tatoeba_cpu", *sampled])
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "config.yaml").write_text(yaml.safe_dump(trial))
@@ -107,6 +108,7 @@ def test_a_trial_command_composes_the_trials_config_with_the_overrides_on_top(tm
     assert again["trainer"].pop("max_hours") == 2 and again["trainer"].pop("run_dir") == "runs/confirm/t"
     del trial["trainer"]["max_hours"], trial["trainer"]["run_dir"]
     assert again == trial and again["data"]["tokenizer"] == "it's here/spm.model"
+    assert again["data"]["cache_dir"] == "2026" and again["trainer"]["device"] == "null"  # strings, quoted
 
 
 def test_a_trial_command_refuses_a_config_with_keys_the_schema_lost_and_an_unknown_trial(tmp_path):
