@@ -57,7 +57,7 @@ def trial_row(run_dir: Path) -> dict:
     """One trial's settings, progress and last dev scores."""
     config = OmegaConf.load(run_dir / "config.yaml")
     row = {name: "/".join(_fmt(OmegaConf.select(config, k)) for k in keys) for name, keys in SETTINGS}
-    row["config"], row["run_dir"] = config, run_dir  # for trial_numbers, run_dir_of
+    row["config"], row["run_dir"] = config, run_dir  # for trial_numbers, trial_overrides
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     precision = re.search(r"precision: (\w+)", log)
     row["precision"] = precision.group(1) if precision else "?"
@@ -94,11 +94,11 @@ def trial_numbers(storage: str, study_name: str, rows: list[dict]) -> None:
                                   if t.params and all(_holds(row["config"], k, v) for k, v in t.params.items()))
 
 
-def run_dir_of(trial: int, rows: list[dict]) -> Path:
-    """The run directory of Optuna trial `trial` (rows numbered by `trial_numbers`)."""
+def row_of(trial: int, rows: list[dict]) -> dict:
+    """The row of Optuna trial `trial` (rows numbered by `trial_numbers`)."""
     for row in rows:
         if str(trial) in row.get("trials", "").split(", "):
-            return row["run_dir"]
+            return row
     raise SystemExit(f"study_table: no run directory holds the settings of trial {trial}")
 
 
@@ -138,19 +138,20 @@ def _value(v) -> str:
     return v if plain else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def trial_overrides(run_dir: Path, experiment: str, extra: list[str]) -> list[str]:
-    """`experiment=X` and the overrides that make a fresh `mt-train` compose the trial's
-    config.yaml, less its run directory and the keys `extra` sets, then `extra`."""
+def trial_overrides(row: dict, experiment: str, extra: list[str]) -> list[str]:
+    """`experiment=X` and the overrides that make a fresh `mt-train` compose the config.yaml
+    of a trial's row (`trial_row`), less its run directory and the keys `extra` sets, then
+    `extra`."""
     from hydra import compose, initialize_config_dir
 
     from transformer.cli import CONFIG_PATH
 
     with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
         base = _flat(OmegaConf.to_container(compose("train", overrides=[f"experiment={experiment}"]), resolve=True))
-    trial = _flat(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True))
+    trial = _flat(OmegaConf.to_container(row["config"], resolve=True))
     unknown = sorted(set(trial) - set(base))
     if unknown:
-        raise SystemExit(f"study_table: {run_dir / 'config.yaml'}: keys the config schema no longer has: "
+        raise SystemExit(f"study_table: {row['run_dir'] / 'config.yaml'}: keys the config schema no longer has: "
                          + ", ".join(k[:-1] for k in unknown))
     given = {o.split("=", 1)[0].lstrip("+~") for o in extra}
     changed = [f"{key[:-1]}={_value(value)}" for key, value in trial.items()
@@ -215,6 +216,6 @@ if __name__ == "__main__":
     else:
         if not (args.sweep_dir / "optuna.db").is_file():
             raise SystemExit(f"study_table: --command needs the study's storage, {args.sweep_dir / 'optuna.db'}")
-        overrides = trial_overrides(run_dir_of(args.command, rows), args.experiment or study_experiment(args.sweep_dir),
+        overrides = trial_overrides(row_of(args.command, rows), args.experiment or study_experiment(args.sweep_dir),
                                     args.overrides)
         print(" ".join(["mt-train", *map(shlex.quote, overrides)]))

@@ -5,7 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
+
+from helpers import compose_cfg
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "study_table.py"
 
@@ -76,16 +79,6 @@ def test_rows_name_their_optuna_trials_a_retried_trial_sharing_its_first_attempt
         table.trial_numbers(storage, "other", rows)
 
 
-def _compose(overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from transformer.cli import CONFIG_PATH
-
-    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
-        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
-
-
 def test_a_trial_command_composes_the_trials_config_with_the_overrides_on_top(tmp_path):
     """--command's overrides are the property that matters: a fresh `mt-train` composes from
     them exactly the trial's config.yaml, its run directory and the keys given aside."""
@@ -97,14 +90,14 @@ def test_a_trial_command_composes_the_trials_config_with_the_overrides_on_top(tm
                "data.phases=[{epochs: 4, corpora: {tatoeba: 1.0}}]", "trainer.max_hours=0.42",
                "trainer.run_dir='runs/search/s/trial~1'", r"data.tokenizer='it\'s here/spm.model'", "data.cache_dir='2026'",
                "trainer.device='null'"]
-    trial = _compose(["experiment=europarl_tatoeba_cpu", *sampled])
+    trial = OmegaConf.to_container(compose_cfg("experiment=europarl_tatoeba_cpu", *sampled), resolve=True)
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "config.yaml").write_text(yaml.safe_dump(trial))
     extra = ["trainer.max_hours=2", "trainer.run_dir=runs/confirm/t"]
-    overrides = table.trial_overrides(tmp_path / "t", "europarl_tatoeba_cpu", extra)
+    overrides = table.trial_overrides(table.trial_row(tmp_path / "t"), "europarl_tatoeba_cpu", extra)
     assert overrides[0] == "experiment=europarl_tatoeba_cpu" and overrides[-2:] == extra
     assert not any(o.startswith(("trainer.max_hours=0.42", "trainer.run_dir=runs/search")) for o in overrides)
-    again = _compose(overrides)
+    again = OmegaConf.to_container(compose_cfg(*overrides), resolve=True)
     assert again["trainer"].pop("max_hours") == 2 and again["trainer"].pop("run_dir") == "runs/confirm/t"
     del trial["trainer"]["max_hours"], trial["trainer"]["run_dir"]
     assert again == trial and again["data"]["tokenizer"] == "it's here/spm.model"
@@ -116,8 +109,9 @@ def test_a_trial_command_refuses_a_config_with_keys_the_schema_lost_and_an_unkno
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "config.yaml").write_text("model: {d_model: 256, gone: 1}\n")
     with pytest.raises(SystemExit, match=r"config.yaml: keys the config schema no longer has: model.gone"):
-        table.trial_overrides(tmp_path / "t", "europarl_tatoeba_cpu", [])
+        table.trial_overrides(table.trial_row(tmp_path / "t"), "europarl_tatoeba_cpu", [])
+    rows = [{"trials": "1, 17", "run_dir": tmp_path / "t"}]
     with pytest.raises(SystemExit, match="no run directory holds the settings of trial 7"):
-        table.run_dir_of(7, [{"trials": "1, 17", "run_dir": tmp_path / "t"}])
-    assert table.run_dir_of(17, [{"trials": "1, 17", "run_dir": tmp_path / "t"}]) == tmp_path / "t"
+        table.row_of(7, rows)
+    assert table.row_of(17, rows) is rows[0]
     assert table.study_experiment(Path("runs/search/europarl_tatoeba_cpu")) == "europarl_tatoeba_cpu"
