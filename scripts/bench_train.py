@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import time
@@ -230,6 +231,8 @@ def main() -> None:
                     help="after timing, profile one round of this trainer's steps: time by kind of op")
     ap.add_argument("--model-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides of the model config, e.g. pre_norm=true attn_dropout=0 (the prose recipe)")
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="also write every result line as a JSON list to PATH (scripts/gpu_check.py)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.threads:
@@ -243,6 +246,7 @@ def main() -> None:
     if device.type == "cpu" and "bf16" in args.precisions and not cpu_bf16_support()[0]:
         print("note: this CPU has no native bf16: bf16 autocast is emulated, ~30x slower than fp32")
     peaks: dict[str, float] = {}
+    results: list[dict] = []
     for name in args.data:
         data, batches = load_batches(name, args.set, args.max_tokens, args.steps, device)
         tok = data.tokenizer
@@ -260,14 +264,22 @@ def main() -> None:
         print(f"{'precision':<10}{'this trainer tok/s':>20}{base_name + ' tok/s':>22}{'ratio':>8}")
         for precision in args.precisions:
             if args.peak_tflops == "measure" and precision not in peaks:
-                peaks[precision] = matmul_tflops(precision, device)
+                peaks[precision] = matmul_tflops(precision, device, n=8192 if device.type == "cuda" else 4096)
             peak = peaks.get(precision) or (float(args.peak_tflops) if args.peak_tflops else None)
-            bench_precision(args, model_cfg, batches, precision, device, base_name, peak)
+            result = bench_precision(args, model_cfg, batches, precision, device, base_name, peak)
+            results.append({"data": name, "model": args.model, "max_tokens": args.max_tokens,
+                            "parameters": count_parameters(build_model(model_cfg)), **result})
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precision: str,
-                    device: torch.device, base_name: str, peak: float | None) -> None:
-    """Alternating timed rounds of this trainer and the baseline; one line of results."""
+                    device: torch.device, base_name: str, peak: float | None) -> dict:
+    """Alternating timed rounds of this trainer and the baseline; one line of results,
+    also returned as a dict (target tokens/s of each, ratio, MFU, peak memory)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(0)
     ours = build_model(model_cfg).to(device)
     runs = {"ours": (ours, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
@@ -287,18 +299,24 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
             if k == "ours":
                 secs_ours.append(secs)
     o, t = statistics.median(rates["ours"]), statistics.median(rates["torch"])
+    result = {"precision": precision, "tokens_per_s": o, "baseline": base_name,
+              "baseline_tokens_per_s": t, "ratio": o / t}
     extra = ""
     if peak:
         achieved = step_flops(ours, batches) / statistics.median(secs_ours) / 1e12
         extra += f"  model TFLOP/s {achieved:.3f}, peak {peak:.3f}, MFU {achieved / peak:.1%}"
+        result |= {"model_tflops": achieved, "peak_tflops": peak, "mfu": achieved / peak}
     if device.type == "cuda":
-        extra += f"  peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+        memory = torch.cuda.max_memory_allocated(device) / 2**30
+        extra += f"  peak memory {memory:.1f} GiB"
+        result["peak_memory_gib"] = memory
     print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
     rounds = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["ours"], rates["torch"]))
     print(f"{'':<10}rounds (this trainer/{base_name}): {rounds}", flush=True)
     if args.profile:
         profile_step(ours, ours_loss, opts["ours"], batches, precision, device,
                      model_cfg.vocab_size, step_flops(ours, batches), peak)
+    return result
 
 
 if __name__ == "__main__":

@@ -34,17 +34,26 @@ class DistInfo:
 def setup_distributed(device_pref: str) -> tuple[DistInfo, torch.device]:
     """Join the process group that `torchrun` describes (if any) and pick the device.
 
-    NCCL on CUDA, gloo on CPU; one GPU per process (cuda:LOCAL_RANK).
+    NCCL on CUDA, gloo on CPU; one GPU per process (cuda:LOCAL_RANK). A one-process
+    `torchrun --nproc_per_node=1` joins a group of one too, so that it runs what several
+    processes run (the backend, DistributedDataParallel's gradient all-reduce): on a
+    machine with one GPU that is the only way to check the NCCL path.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     info = DistInfo(int(os.environ.get("RANK", "0")), world_size,
                     int(os.environ.get("LOCAL_RANK", "0")))
     device = resolve_device(device_pref, info.local_rank)
-    if world_size > 1 and not dist.is_initialized():
+    if launched_by_torchrun() and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return info, device
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is a worker that `torchrun` (or another env:// launcher) started."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or all(
+        k in os.environ for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def resolve_device(pref: str, local_rank: int = 0) -> torch.device:

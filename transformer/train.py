@@ -65,6 +65,9 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
         dist.barrier()
     try:
         cli.setup_logging(log_file=run.path / "train.log", is_main=dist_info.is_main)
+        if dist.is_initialized():
+            log.info("distributed: %s backend, %d process(es), this one rank %d on %s",
+                     dist.get_backend(), dist_info.world_size, dist_info.rank, device)
         _check_model_config(run, cfg)
         precision, why = resolve_precision(cfg.trainer.precision, device)
         log.info("precision: %s (%s)", precision, why)

@@ -108,7 +108,7 @@ class Trainer:
             device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_positions,
             after_batch=self.trim_heap)
         self.net: torch.nn.Module = model  # what forward runs through: DDP and/or compiled
-        if dist_info.world_size > 1:
+        if dist.is_initialized():  # torchrun, one process or several
             self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         if self.tc.compile:
             self.net = torch.compile(self.net)

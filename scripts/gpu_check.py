@@ -1,0 +1,493 @@
+"""The GPU path in one command: the device, the CUDA tests, training speed against
+`nn.Transformer`, a short real run, `torchrun` (NCCL) with resume, and decoding, every
+figure into one JSON file. Run it through scripts/gpu_check.sh, which prepares the
+environment (docs/training.md, "Checking a GPU"):
+
+    scripts/gpu_check.sh --pack            # here, before a GPU is at hand: fills .gpu/
+    scripts/gpu_check.sh                   # on the GPU machine: $OUT/gpu_check.json and .log
+    scripts/gpu_check.sh --cpu --out DIR   # the same steps at toy size on a CPU (CI)
+    scripts/gpu_check.sh --steps train,decode   # some steps only (a rerun)
+
+Each step runs in its own process with its own time limit, so a hang costs that step's
+limit and no more; the whole run also has a deadline (`--deadline`, 480 s on a GPU) that
+shortens the last steps' limits. The JSON is rewritten after every step: a run cut off
+still says what it found. A step passes when its command succeeded and its figures meet
+the stated tolerances; its figures are kept either way.
+
+Steps (GPU sizes; `--cpu` runs the same code on data/sample and the tiny model):
+  device  name, memory, versions, bf16 support, measured matmul peaks (bf16, fp16, TF32, fp32)
+  tests   pytest -m gpu: counts and each failure's first line
+  bench   scripts/bench_train.py, base and big models in bf16 and fp16 against nn.Transformer:
+          target tokens/s, the ratio, MFU against the measured peak
+  train   the base model on Tatoeba for TRAIN_SECONDS: losses at fixed updates, tokens/s,
+          peak GPU memory, dev BLEU; then 50 updates in fp32 and fp16 from the same start,
+          each update's loss against the bf16 run's within LOSS_RTOL
+  ddp     torchrun --nproc_per_node=1 (NCCL on a GPU, gloo on a CPU): 30 updates through
+          DistributedDataParallel, then a resume to 40
+  decode  beam 5 on the tatoeba-test sentences with the trained model on the GPU (sent/s),
+          and on the CPU; BLEU on the shared sentences within 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = ("device", "tests", "bench", "train", "ddp", "decode")
+LOSS_RTOL = 0.03  # a loss of the first updates in bf16/fp16 against fp32: relative difference
+BLEU_ATOL = 0.2  # decoding on the GPU against the CPU, BLEU points on the same sentences
+
+
+@dataclass
+class Plan:
+    """What each step runs: the GPU sizes, or toy ones for a CPU (`--cpu`)."""
+
+    device: str
+    data: list[str]  # mt-train overrides choosing the corpus (the work dir's cache is added)
+    bench_data: list[str]  # scripts/bench_train.py --data and --set
+    test_file: str  # the decode step's source; its reference is the same name with .en
+    matmul_n: int
+    bench_models: list[str]
+    bench_precisions: list[str]
+    bench_max_tokens: int
+    bench_steps: int
+    train_model: str
+    train_overrides: list[str]
+    train_seconds: float
+    loss_points: list[int]  # updates whose training loss the JSON reports
+    compare_steps: int
+    compare_precisions: list[str]  # each against the train run's first updates
+    ddp_model: str
+    ddp_steps: int
+    decode_sentences: int
+    decode_cpu_sentences: int
+    limits: dict[str, int] = field(default_factory=dict)  # seconds per step
+    deadline: int = 450
+
+
+GPU = Plan(
+    device="cuda",
+    data=["data=tatoeba", "data.root=.gpu/data", "data.num_proc=8"],
+    bench_data=["--data", "tatoeba", "--set", "root=.gpu/data", "num_proc=8"],
+    test_file=".gpu/data/eval/tatoeba-test.it",
+    matmul_n=8192,
+    bench_models=["base", "big"],
+    bench_precisions=["bf16", "fp16"],
+    bench_max_tokens=16384,
+    bench_steps=10,
+    train_model="base",
+    # lr and warm-up for a run of a few thousand updates; 12k-token batches (~1,400 pairs)
+    train_overrides=["data.max_tokens=12288", "optim.lr=7e-4", "optim.warmup_steps=500",
+                     "trainer.val_every=100000", "trainer.val_bleu_sentences=1000"],
+    train_seconds=100,
+    loss_points=[1, 10, 50, 100, 200, 500, 1000, 2000],
+    compare_steps=50,
+    compare_precisions=["fp32", "fp16"],
+    ddp_model="small",
+    ddp_steps=30,
+    decode_sentences=2000,
+    decode_cpu_sentences=500,
+    limits={"device": 40, "tests": 100, "bench": 110, "train": 240, "ddp": 70, "decode": 100},
+    deadline=480,
+)
+
+CPU = Plan(
+    device="cpu",
+    data=["data=sample", "data.spm_vocab_size=300", "data.num_proc=1"],
+    bench_data=["--data", "sample", "--set", "spm_vocab_size=300", "num_proc=1"],
+    test_file="data/sample/dev.it",
+    matmul_n=256,
+    bench_models=["tiny"],
+    bench_precisions=["fp32", "bf16"],
+    bench_max_tokens=256,
+    bench_steps=2,
+    train_model="tiny",
+    train_overrides=["data.max_tokens=512", "optim.lr=1e-3", "optim.warmup_steps=10",
+                     "trainer.max_steps=16", "trainer.val_every=100000",
+                     "trainer.val_bleu_sentences=20", "trainer.num_threads=1"],
+    train_seconds=60,
+    loss_points=[1, 5, 10, 16],
+    compare_steps=5,
+    compare_precisions=["fp32"],
+    ddp_model="tiny",
+    ddp_steps=3,
+    decode_sentences=20,
+    decode_cpu_sentences=20,
+    limits={"device": 30, "tests": 60, "bench": 60, "train": 90, "ddp": 60, "decode": 40},
+    deadline=300,
+)
+
+
+class StepFailed(Exception):
+    """A step ran but its result is wrong: the message says what, in one line."""
+
+
+# ---- the orchestrator: each step in its own process ----------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", action="store_true", help="toy sizes on the CPU (CI), no GPU needed")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out",
+                    help="where gpu_check.json and gpu_check.log go (default $OUT)")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"a comma-separated subset of {','.join(STEPS)}")
+    ap.add_argument("--deadline", type=int, default=None, help="seconds for the whole run")
+    ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    plan = CPU if args.cpu else GPU
+    if args.step:
+        return run_step_here(args.step, plan, Path(args.work))
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        print(f"gpu_check: --steps: unknown step {unknown[0]!r}; choose from {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    if not args.cpu and not cuda_available():
+        print("gpu_check: no CUDA device here; run it on a GPU machine, or with --cpu", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "work" if args.cpu else Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu_check"))
+    work.mkdir(parents=True, exist_ok=True)
+    report = {"mode": "cpu" if args.cpu else "gpu", "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "plan": asdict(plan), "steps": {}}
+    deadline = time.monotonic() + (args.deadline or plan.deadline)
+    log_path = out / "gpu_check.log"
+    for name in steps:
+        left = int(deadline - time.monotonic())
+        limit = min(plan.limits[name], left)
+        if limit < 5:
+            report["steps"][name] = {"status": "not run", "why": "the run's deadline was reached"}
+        else:
+            report["steps"][name] = run_step(name, args.cpu, work, log_path, limit)
+        report["passed"] = all(s["status"] == "passed" for s in report["steps"].values())
+        write_json(out / "gpu_check.json", report)
+        s = report["steps"][name]
+        print(f"gpu_check: {name:<7} {s['status']:<8} {s.get('seconds', 0):6.1f} s  "
+              f"{s.get('error') or s.get('why') or ''}", flush=True)
+    for name in ("junit.xml",):  # small artefacts worth reading later
+        if (work / name).exists():
+            shutil.copy(work / name, out / f"gpu_check_{name}")
+    print(f"gpu_check: {'all passed' if report['passed'] else 'FAILED'}; {out / 'gpu_check.json'}")
+    return 0 if report["passed"] else 1
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_step(name: str, cpu: bool, work: Path, log_path: Path, limit: int) -> dict:
+    """One step in a child process (its own session, killed whole at the limit)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--work", str(work)]
+    cmd += ["--cpu"] if cpu else []
+    result_file = work / f"{name}.json"
+    result_file.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n===== step {name} (limit {limit} s) =====\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    seconds = round(time.monotonic() - t0, 1)
+    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if rc is None:
+        result |= {"status": "failed", "error": f"timed out after {limit} s"}
+    elif rc != 0 and "error" not in result:
+        result |= {"status": "failed", "error": f"exit status {rc}: {last_line(log_path)}"}
+    return {"status": result.pop("status", "failed"), "seconds": seconds, **result}
+
+
+def last_line(path: Path) -> str:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
+def run_step_here(name: str, plan: Plan, work: Path) -> int:
+    """The child: run the step, write work/<name>.json (figures, status, error)."""
+    result: dict = {}
+    try:
+        result = STEP_FUNCTIONS[name](plan, work, result)
+        result["status"] = "passed"
+    except StepFailed as e:
+        result |= {"status": "failed", "error": str(e)}
+    except Exception as e:  # a bug or a broken environment: the traceback goes to the log
+        import traceback
+
+        traceback.print_exc()
+        result |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:400]}
+    write_json(work / f"{name}.json", result)
+    return 0 if result["status"] == "passed" else 1
+
+
+def sh(cmd: list[str], limit: float | None = None, env: dict | None = None) -> str:
+    """Run a command from the project root; its output goes to the log and is returned."""
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit,
+                          env={**os.environ, **(env or {})})
+    print(proc.stdout[-20000:], proc.stderr[-20000:], sep="\n", flush=True)
+    if proc.returncode != 0:
+        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()] or [""]
+        raise StepFailed(f"`{' '.join(cmd[:4])} ...` exited {proc.returncode}: {tail[-1][:300]}")
+    return proc.stdout + proc.stderr
+
+
+# ---- the steps --------------------------------------------------------------------
+
+
+def step_device(plan: Plan, work: Path, r: dict) -> dict:
+    import importlib.metadata
+    import platform
+
+    import torch
+
+    from transformer.runtime import describe_cpu
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_train import matmul_tflops
+
+    device = torch.device(plan.device)
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "cuda": torch.version.cuda}
+    for pkg in ("numpy", "pyarrow", "datasets", "hydra-core", "sentencepiece", "sacrebleu", "ctranslate2"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    r["versions"] = versions
+    r["cpu"] = describe_cpu()
+    r["cpu_count"] = os.cpu_count()
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        r |= {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+              "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
+              "bf16_supported": torch.cuda.is_bf16_supported(),
+              "nccl": torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None}
+    peaks = {}
+    for label, precision, tf32 in (("bf16", "bf16", False), ("fp16", "fp16", False),
+                                   ("tf32", "fp32", True), ("fp32", "fp32", False)):
+        if device.type == "cpu" and label in ("fp16", "tf32"):
+            continue
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        peaks[label] = round(matmul_tflops(precision, device, n=plan.matmul_n), 3)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    r["matmul_tflops"] = peaks
+    if device.type == "cuda" and not r["bf16_supported"]:
+        raise StepFailed(f"{r['name']} has no bf16: the bf16 steps will fail")
+    return r
+
+
+def step_tests(plan: Plan, work: Path, r: dict) -> dict:
+    junit = work / "junit.xml"
+    junit.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", "tests"]
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    print(proc.stdout[-30000:], proc.stderr[-5000:], sep="\n", flush=True)
+    if not junit.exists():
+        raise StepFailed(f"pytest wrote no report (exit {proc.returncode}): {last_output_line(proc)}")
+    suite = ET.parse(junit).getroot()
+    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    r["counts"] = counts
+    r["failures"] = [f"{case.get('name')}: {(bad.get('message') or '').splitlines()[0][:300] if bad.get('message') else ''}"
+                     for case in suite.iter("testcase")
+                     for bad in list(case.findall("failure")) + list(case.findall("error"))]
+    r["skipped"] = sorted({(s.get("message") or "")[:200] for s in suite.iter("skipped")})
+    if proc.returncode not in (0, 5):  # 5: nothing selected
+        raise StepFailed(f"{counts['failures']} failed, {counts['errors']} errors of {counts['tests']}")
+    if plan.device == "cuda" and counts["passed"] == 0:
+        raise StepFailed("no GPU test ran: every one was skipped")
+    return r
+
+
+def last_output_line(proc) -> str:
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()] or [""]
+    return lines[-1][:300]
+
+
+def step_bench(plan: Plan, work: Path, r: dict) -> dict:
+    r["results"] = []
+    for model in plan.bench_models:
+        out = work / f"bench_{model}.json"
+        sh([sys.executable, "scripts/bench_train.py", "--model", model, *plan.bench_data,
+            f"cache_dir={work / 'cache'}", "--precisions", *plan.bench_precisions,
+            "--peak-tflops", "measure", "--max-tokens", str(plan.bench_max_tokens),
+            "--steps", str(plan.bench_steps), "--rounds", "3", "--device", plan.device, "--json", str(out)])
+        r["results"] += json.loads(out.read_text())
+    return r
+
+
+def train_cmd(plan: Plan, work: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "transformer.train", f"model={plan.train_model}", *plan.data,
+            f"data.cache_dir={work / 'cache'}", *plan.train_overrides, f"trainer.device={plan.device}",
+            "trainer.progress=false", "trainer.resume=never", f"trainer.run_dir={run_dir}", *extra]
+
+
+def tb_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    if tag not in acc.Tags().get("scalars", []):
+        return []
+    return [(e.step, e.value) for e in sorted(acc.Scalars(tag), key=lambda e: e.wall_time)]
+
+
+def step_train(plan: Plan, work: Path, r: dict) -> dict:
+    """The real run (precision auto, every update logged), then the same start in each
+    of `compare_precisions` for `compare_steps` updates."""
+    import math
+
+    run_dir = work / "train"
+    shutil.rmtree(run_dir, ignore_errors=True)  # the check's own work folder
+    hours = plan.train_seconds / 3600
+    extra = [f"trainer.max_hours={hours}", "trainer.log_every=1"]
+    if plan.device == "cuda":
+        extra.append("trainer.max_steps=1000000")
+    t0 = time.monotonic()
+    log = sh(train_cmd(plan, work, run_dir, *extra))
+    r["wall_seconds"] = round(time.monotonic() - t0, 1)
+    r["precision"] = re.search(r"precision: (\w+)", log).group(1)
+    loss = dict(tb_scalars(run_dir, "train/loss"))
+    steps = max(loss) if loss else 0
+    r["updates"] = steps
+    r["train_hours"] = tb_scalars(run_dir, "train/hours")[-1][1]
+    r["loss_at"] = {s: round(loss[s], 4) for s in plan.loss_points if s in loss}
+    rates = [v for s, v in tb_scalars(run_dir, "train/tokens_per_s") if s > 10]  # after warm-up
+    r["tokens_per_s_median"] = round(statistics.median(rates)) if rates else None
+    mem = tb_scalars(run_dir, "train/gpu_mem_gb")
+    r["peak_gpu_memory_gib"] = round(max(v for _, v in mem), 2) if mem else None
+    bleu = tb_scalars(run_dir, "dev/bleu")
+    r["dev_bleu"] = round(bleu[-1][1], 2) if bleu else None
+    m = re.search(r"model: ([\d,]+) parameters", log)
+    r["parameters"] = int(m.group(1).replace(",", "")) if m else None
+    if not loss or not all(math.isfinite(v) for v in loss.values()):
+        raise StepFailed("no finite training loss was logged")
+    if steps < plan.compare_steps:
+        raise StepFailed(f"only {steps} updates in {plan.train_seconds} s; need {plan.compare_steps}")
+    r["compare"] = {}
+    for precision in plan.compare_precisions:
+        other = work / f"train_{precision}"
+        shutil.rmtree(other, ignore_errors=True)
+        sh(train_cmd(plan, work, other, f"trainer.precision={precision}", "trainer.log_every=1",
+                     f"trainer.max_steps={plan.compare_steps}", "trainer.val_bleu_sentences=20"))
+        theirs = dict(tb_scalars(other, "train/loss"))
+        rel = [abs(loss[s] - theirs[s]) / abs(theirs[s]) for s in range(1, plan.compare_steps + 1)]
+        r["compare"][precision] = {"max_rel_diff": round(max(rel), 5), "mean_rel_diff": round(statistics.mean(rel), 5),
+                                   "loss_at_last": [round(loss[plan.compare_steps], 4),
+                                                    round(theirs[plan.compare_steps], 4)]}
+    worst = max(c["max_rel_diff"] for c in r["compare"].values())
+    if worst > LOSS_RTOL:
+        raise StepFailed(f"the first {plan.compare_steps} losses of the {r['precision']} run differ from "
+                         f"another precision's by up to {worst:.1%} (tolerance {LOSS_RTOL:.0%})")
+    return r
+
+
+def step_ddp(plan: Plan, work: Path, r: dict) -> dict:
+    run_dir = work / "ddp"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+            "-m", "transformer.train", f"model={plan.ddp_model}", *plan.data,
+            f"data.cache_dir={work / 'cache'}", *plan.train_overrides, f"trainer.device={plan.device}",
+            "trainer.progress=false", f"trainer.run_dir={run_dir}", "trainer.log_every=1",
+            "trainer.val_bleu_sentences=20", "trainer.resume=auto"]
+    env = {"OMP_NUM_THREADS": "1"} if plan.device == "cpu" else {}
+    first = sh([*base, f"trainer.max_steps={plan.ddp_steps}"], env=env)
+    m = re.search(r"distributed: (\w+) backend, (\d+) process", first)
+    if not m:
+        raise StepFailed("the run did not join a process group (no 'distributed:' log line)")
+    r["backend"] = m.group(1)
+    want = "nccl" if plan.device == "cuda" else "gloo"
+    if r["backend"] != want:
+        raise StepFailed(f"backend {r['backend']}, expected {want}")
+    more = plan.ddp_steps + max(plan.ddp_steps // 3, 1)
+    second = sh([*base, f"trainer.max_steps={more}"], env=env)
+    if f"at step {plan.ddp_steps}" not in second or "resumed from" not in second:
+        raise StepFailed(f"the second run did not resume from step {plan.ddp_steps}")
+    from transformer.checkpoint import load_meta, step_checkpoints
+
+    last = step_checkpoints(run_dir)[-1]
+    r["resumed_to"] = load_meta(last)["step"]
+    loss = tb_scalars(run_dir, "train/loss")
+    r["losses"] = [round(v, 4) for _, v in loss]
+    if r["resumed_to"] != more:
+        raise StepFailed(f"the resumed run ended at step {r['resumed_to']}, not {more}")
+    return r
+
+
+def step_decode(plan: Plan, work: Path, r: dict) -> dict:
+    import sacrebleu
+    import torch
+
+    from transformer.config import DecodeConfig
+    from transformer.corpus import read_lines
+    from transformer.decoding import load_for_inference, translate_nbest
+
+    checkpoint = work / "train" / "checkpoints" / "best"
+    if not checkpoint.exists():
+        raise StepFailed(f"no trained checkpoint at {checkpoint}: the train step must run first")
+    src = read_lines(ROOT / plan.test_file)[: plan.decode_sentences]
+    ref = read_lines(ROOT / Path(plan.test_file).with_suffix(".en"))[: len(src)]
+    cfg = DecodeConfig(method="beam", beam_size=5)
+    hyps: dict[str, list[str]] = {}
+    for device_pref, n in ((plan.device, len(src)), ("cpu", plan.decode_cpu_sentences)):
+        if device_pref == "cpu" and "cpu" in hyps:
+            continue
+        model, tokenizer, device = load_for_inference(str(checkpoint), device_pref, threads=os.cpu_count())
+        translate_nbest(model, tokenizer, src[:8], cfg, device)  # warm-up: kernels, allocator
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = translate_nbest(model, tokenizer, src[:n], cfg, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        hyps[device.type] = [h[0][0] for h in out]
+        r[device.type] = {"sentences": n, "seconds": round(secs, 2), "sentences_per_s": round(n / secs, 1),
+                          "bleu": round(sacrebleu.corpus_bleu(hyps[device.type], [ref[:n]]).score, 2)}
+        (work / f"hyp.{device.type}.en").write_text("".join(f"{h}\n" for h in hyps[device.type]))
+    if "cuda" in hyps:
+        n = len(hyps["cpu"])
+        same = [sacrebleu.corpus_bleu(hyps[d][:n], [ref[:n]]).score for d in ("cuda", "cpu")]
+        r["bleu_on_shared"] = {"sentences": n, "cuda": round(same[0], 2), "cpu": round(same[1], 2)}
+        r["identical_lines"] = sum(a == b for a, b in zip(hyps["cuda"], hyps["cpu"]))
+        if abs(same[0] - same[1]) > BLEU_ATOL:
+            raise StepFailed(f"BLEU on the GPU {same[0]:.2f} against {same[1]:.2f} on the CPU "
+                             f"(tolerance {BLEU_ATOL})")
+    return r
+
+
+STEP_FUNCTIONS = {"device": step_device, "tests": step_tests, "bench": step_bench,
+                  "train": step_train, "ddp": step_ddp, "decode": step_decode}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
