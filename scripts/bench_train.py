@@ -231,6 +231,8 @@ def main() -> None:
                     help="after timing, profile one round of this trainer's steps: time by kind of op")
     ap.add_argument("--model-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides of the model config, e.g. pre_norm=true attn_dropout=0 (the prose recipe)")
+    ap.add_argument("--matmul-n", type=int, default=None,
+                    help="size of the matrix product --peak-tflops measure times (default 8192 on CUDA, 4096 on a CPU)")
     ap.add_argument("--json", default=None, metavar="PATH",
                     help="also write every result line as a JSON list to PATH (scripts/gpu_check.py)")
     args = ap.parse_args()
@@ -264,7 +266,8 @@ def main() -> None:
         print(f"{'precision':<10}{'this trainer tok/s':>20}{base_name + ' tok/s':>22}{'ratio':>8}")
         for precision in args.precisions:
             if args.peak_tflops == "measure" and precision not in peaks:
-                peaks[precision] = matmul_tflops(precision, device, n=8192 if device.type == "cuda" else 4096)
+                peaks[precision] = matmul_tflops(
+                    precision, device, n=args.matmul_n or (8192 if device.type == "cuda" else 4096))
             peak = peaks.get(precision) or (float(args.peak_tflops) if args.peak_tflops else None)
             result = bench_precision(args, model_cfg, batches, precision, device, base_name, peak)
             results.append({"data": name, "model": args.model, "max_tokens": args.max_tokens,

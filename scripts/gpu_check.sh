@@ -52,7 +52,10 @@ install_wheels() {
 case "${1:-}" in
     --pack) pack ;;
     --cpu) export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; exec "$PYTHON" scripts/gpu_check.py "$@" ;;
-    *)  install_wheels
+    *)  if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+            echo "gpu_check: no CUDA device here; run it on a GPU machine, or with --cpu" >&2; exit 2
+        fi
+        install_wheels
         export PYTHONUNBUFFERED=1
         exec "$PYTHON" scripts/gpu_check.py "$@" ;;
 esac

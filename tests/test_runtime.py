@@ -86,3 +86,17 @@ def test_the_heap_trimmer_gives_back_freed_memory_once_the_slack_is_used_up():
     assert runtime.anonymous_memory() < held - 50 * 2**20
     assert not trim()  # the slack starts again from what is held now
     assert not runtime.HeapTrimmer(None)() and runtime.HeapTrimmer(None).libc is None
+
+
+@pytest.mark.parametrize("env, launched", [
+    ({}, False),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, True),
+    ({"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, True),  # torchrun, one process
+    ({"RANK": "0"}, False),  # a stray RANK alone is no launcher
+])
+def test_a_one_process_torchrun_counts_as_distributed(monkeypatch, env, launched):
+    for key in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert runtime.launched_by_torchrun() is launched

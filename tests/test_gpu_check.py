@@ -1,0 +1,55 @@
+"""scripts/gpu_check.sh --cpu: every step of the GPU check at toy size on a CPU, so that
+the script cannot rot between the rare times a GPU is at hand (docs/training.md,
+"Checking a GPU"). Slow (a minute and a half on a 2-core CPU): CI's `pytest -m slow`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_cpu_mode_runs_every_step_and_writes_the_json(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    failed = {k: v.get("error") for k, v in report["steps"].items() if v["status"] != "passed"}
+    assert proc.returncode == 0 and report["passed"], failed or proc.stderr[-2000:]
+    steps = report["steps"]
+    assert list(steps) == ["device", "data", "tests", "bench", "train", "ddp", "decode"]
+    assert steps["device"]["matmul_tflops"]["fp32"] > 0
+    assert {r["precision"] for r in steps["bench"]["results"]} == {"fp32", "bf16"}
+    assert all(r["tokens_per_s"] > 0 and r["ratio"] > 0 for r in steps["bench"]["results"])
+    train = steps["train"]
+    assert train["updates"] == 16 and set(train["loss_at"]) == {"1", "5", "10", "16"}
+    assert train["compare"]["fp32"]["max_rel_diff"] <= 0.03
+    assert steps["ddp"]["backend"] == "gloo" and steps["ddp"]["resumed_to"] == 4
+    assert steps["decode"]["cpu"]["sentences"] == 20
+
+
+def test_an_unknown_step_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", "--out", str(tmp_path),
+                           "--steps", "device,warp"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "gpu_check: --steps: unknown step 'warp'; choose from " \
+                                  "device, data, tests, bench, train, ddp, decode"
+    assert not (tmp_path / "gpu_check.json").exists()  # refused before any work
+
+
+def test_the_gpu_mode_refuses_a_machine_without_cuda(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": "python"})
+    assert proc.returncode == 2 and "no CUDA device here" in proc.stderr
+    assert not (tmp_path / "gpu_check.json").exists()
