@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,10 +148,13 @@ def main() -> int:
                     help="where gpu_check.json and gpu_check.log go (default $OUT)")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"a comma-separated subset of {','.join(STEPS)}")
     ap.add_argument("--deadline", type=int, default=None, help="seconds for the whole run")
+    ap.add_argument("--train-seconds", type=float, default=None, help="the train step's training time")
     ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     plan = CPU if args.cpu else GPU
+    if args.train_seconds:
+        plan = replace(plan, train_seconds=args.train_seconds)
     if args.step:
         return run_step_here(args.step, plan, Path(args.work))
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
@@ -176,7 +179,7 @@ def main() -> int:
         if limit < 5:
             report["steps"][name] = {"status": "not run", "why": "the run's deadline was reached"}
         else:
-            report["steps"][name] = run_step(name, args.cpu, work, log_path, limit)
+            report["steps"][name] = run_step(name, args.cpu, work, log_path, limit, args.train_seconds)
         report["passed"] = all(s["status"] == "passed" for s in report["steps"].values())
         write_json(out / "gpu_check.json", report)
         s = report["steps"][name]
@@ -195,10 +198,12 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run_step(name: str, cpu: bool, work: Path, log_path: Path, limit: int) -> dict:
+def run_step(name: str, cpu: bool, work: Path, log_path: Path, limit: int,
+             train_seconds: float | None = None) -> dict:
     """One step in a child process (its own session, killed whole at the limit)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--work", str(work)]
     cmd += ["--cpu"] if cpu else []
+    cmd += ["--train-seconds", str(train_seconds)] if train_seconds else []
     result_file = work / f"{name}.json"
     result_file.unlink(missing_ok=True)
     t0 = time.monotonic()
