@@ -22,6 +22,7 @@ from typing import IO
 
 from transformer import checkpoint as ckpt
 from transformer.config import ConfigError, ModelConfig
+from transformer.errors import file_error
 
 try:
     import fcntl
@@ -75,7 +76,10 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
     Raises RunDirError when a new run would start among another run's checkpoints.
     """
     path = Path(path)
-    lock = _lock(path) if is_main else None
+    try:
+        lock = _lock(path) if is_main else None
+    except OSError as e:  # a file in the way, no permission, a full disk
+        raise file_error(e, path, "use it as the run directory", "trainer.run_dir") from e
     try:
         if is_main:
             ckpt.recover_interrupted_writes(path / "checkpoints")
