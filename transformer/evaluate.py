@@ -15,7 +15,7 @@ checkpoint, decode settings, engine, time, sentences/s). The scores are sacreble
 rate is in percent beside them (`names`; null when the references copy no name), with its
 counts under `name_copy`. The three files are checked before the test set is read
 (`transformer/outputs.py`): one that exists is replaced only with force=true, and only if
-mt-evaluate wrote it; an output_dir that is a file is refused.
+an earlier evaluation wrote it; an output_dir that is a file is refused.
 """
 
 from __future__ import annotations
