@@ -34,19 +34,13 @@ HYDRA_COMMANDS = {
 
 def code_lines(page: Path) -> list[str]:
     """The lines of a page's fenced code blocks, continuation backslashes joined."""
-    out, fenced, pending = [], False, ""
+    inside, fenced = [], False
     for line in page.read_text().splitlines():
         if line.lstrip().startswith("```"):
             fenced = not fenced
-            continue
-        if fenced:
-            pending += line.rstrip()
-            if pending.endswith("\\"):
-                pending = pending[:-1] + " "
-                continue
-            out.append(pending)
-            pending = ""
-    return out
+        elif fenced:
+            inside.append(line.rstrip())
+    return joined(inside)
 
 
 def example_lines(path: Path) -> list[str]:
@@ -56,9 +50,14 @@ def example_lines(path: Path) -> list[str]:
         text = [line.strip()[1:] for line in path.read_text().splitlines() if line.strip().startswith("#")]
     else:
         text = (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()
+    return joined([line.strip() for line in text])
+
+
+def joined(lines: list[str]) -> list[str]:
+    """Lines with each one ending in a backslash joined to the next."""
     out, pending = [], ""
-    for line in text:
-        pending += line.strip()
+    for line in lines:
+        pending += line
         if pending.endswith("\\"):
             pending = pending[:-1] + " "
             continue

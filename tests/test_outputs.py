@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer import average, evaluate, masks_cli, outputs, prepare, translate
+from transformer import average, evaluate, masks_cli, outputs, prepare, train, translate
 from transformer.outputs import Output, OutputError
 
 from helpers import SAMPLE, tiny_checkpoint
@@ -144,10 +144,12 @@ TRANSLATE_REFUSED = [
     (["input.file=in.it", "output=notes.txt/out.en"], "notes.txt is a file, not a folder"),
     (["input.file=in.it", f"output={CK}/out.en"], "is inside an input of this command"),
     (["input.file=in.it", "output=runs/x"], "output=runs/x: is a run directory"),
+    (["input.file=missing.it"], "input.file=missing.it: no such file"),
+    (["input.file=userdir"], "input.file=userdir: is a directory; give a file"),
 ]
 
 
-@pytest.mark.parametrize(("args", "why"), TRANSLATE_REFUSED, ids=[a[1] for a, _ in TRANSLATE_REFUSED])
+@pytest.mark.parametrize(("args", "why"), TRANSLATE_REFUSED, ids=[a[-1] for a, _ in TRANSLATE_REFUSED])
 def test_mt_translate_refuses_before_translating(home, monkeypatch, args, why):
     before = snapshot(home)
     line = refused(monkeypatch, translate.main, "mt-translate", f"checkpoint={CK}", *args)
@@ -231,6 +233,23 @@ def test_mt_prepare_refuses_a_cache_dir_that_is_not_a_cache(home, monkeypatch, c
     line = refused(monkeypatch, prepare.main, "mt-prepare", "data=sample", f"data.cache_dir={target}")
     assert why.format(home=home) in line
     assert snapshot(home) == before
+
+
+TRAIN_REFUSED = [
+    ("notes.txt", "trainer.run_dir=notes.txt: exists and is not a directory"),
+    ("notes.txt/run", "trainer.run_dir=notes.txt/run: cannot be made: notes.txt is a file"),
+    ("userdir", "trainer.run_dir=userdir holds files mt-train did not write (f.txt)"),
+]
+
+
+@pytest.mark.parametrize(("run_dir", "why"), TRAIN_REFUSED, ids=[r for r, _ in TRAIN_REFUSED])
+def test_mt_train_refuses_a_run_directory_that_is_not_one(home, monkeypatch, run_dir, why):
+    before = snapshot(home)
+    line = refused(monkeypatch, train.main, "mt-train", "debug=default", "data=sample",
+                   f"trainer.run_dir={run_dir}")
+    assert why in line
+    assert snapshot(home) == before
+    assert {p.name for p in home.iterdir()} <= {"runs", "userdir", "notes.txt", "in.it", "EX"}  # nothing made
 
 
 # --- the rule itself ------------------------------------------------------------------

@@ -104,6 +104,9 @@ def output_files(cfg: EvaluateConfig) -> dict[str, outputs.Output]:
     names = {"hyp": f"{stem}.{method}.hyp", "ref": f"{stem}.ref", "report": f"{stem}.{method}.json"}
     files = {kind: outputs.Output(out / name, "output_dir", cfg.output_dir, "mt-evaluate", force=cfg.force)
              for kind, name in names.items()}
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
+    for path in _inputs(cfg)[1:]:
+        outputs.check_input(path, "test_set")
     for kind in ("hyp", "report"):
         outputs.check(files[kind], _inputs(cfg))
     return files

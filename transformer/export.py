@@ -244,6 +244,7 @@ def export(cfg: ExportConfig) -> Path:
 
         return export_argos(cfg)
     require_ctranslate2("mt-export")
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
     output = Path(cfg.output)
     out = outputs.Output.of(cfg.output, "output", "mt-export", is_dir=True, force=cfg.force,
                             owned_before=_earlier_export)

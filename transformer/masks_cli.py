@@ -302,6 +302,7 @@ def describe(cfg: MasksConfig, tokenizer) -> str:
 
 
 def inspect_masks(cfg: MasksConfig) -> None:
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
     picture = None
     if cfg.output:  # checked before any work (transformer/outputs.py)
         picture = outputs.Output.of(cfg.output, "output", "mt-masks", force=cfg.force)

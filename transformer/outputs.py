@@ -79,11 +79,7 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
     same_as: the text a file output will hold, if known: a file that holds exactly that
     already loses nothing (`write_text` leaves it as it is).
     """
-    run = _run_directory(out.path)
-    if run is not None:
-        raise out.refuse(f"is {run}: never an output of {out.command}; name a new path")
-    _check_against_inputs(out, [Path(p) for p in inputs if p])
-    _check_parent(out)
+    check_place(out, inputs)
     if not out.path.exists() and not out.path.is_symlink():
         return
     if out.path.is_symlink():
@@ -108,6 +104,16 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
                          "to replace it")
 
 
+def check_place(out: Output, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
+    """The rules on where an output may go, whatever is there now: never a run directory
+    or checkpoints folder, an input or a path around one, or under a file."""
+    run = _run_directory(out.path)
+    if run is not None:
+        raise out.refuse(f"is {run}: never an output of {out.command}; name a new path")
+    _check_against_inputs(out, [Path(p) for p in inputs if p])
+    _check_parent(out)
+
+
 def check_folder(out: Output, inputs: Iterable[str | os.PathLike | None], ours: Callable[[str], bool]) -> None:
     """Refuse a folder a command adds entries to (the prepared-data cache) if it is a file,
     cannot be made or written, is or holds an input, is a run directory, or holds entries
@@ -128,6 +134,18 @@ def check_folder(out: Output, inputs: Iterable[str | os.PathLike | None], ours: 
     if strangers:
         raise out.refuse(f"holds files {out.command} did not write ({', '.join(strangers[:5])}"
                          f"{', ...' if len(strangers) > 5 else ''}): name an empty or new folder")
+
+
+def check_input(value: str | os.PathLike | None, key: str, is_dir: bool = False) -> None:
+    """Refuse, naming the key, an input path that is missing or of the wrong kind."""
+    if value is None:
+        return
+    path = Path(value).expanduser()
+    kind = "directory" if is_dir else "file"
+    if not path.exists():
+        raise ConfigError(f"{key}={value}: no such {kind}")
+    if path.is_dir() != is_dir:
+        raise ConfigError(f"{key}={value}: is {'not ' if is_dir else ''}a directory; give a {kind}")
 
 
 def owned(out: Output) -> bool:

@@ -77,7 +77,9 @@ def read_input(cfg: InputConfig) -> list[str]:
 
 
 def output_of(cfg: TranslateConfig) -> outputs.Output | None:
-    """The output file, checked (None for stdout): before any work."""
+    """The output file, checked (None for stdout), and the inputs: before any work."""
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
+    outputs.check_input(cfg.input.file, "input.file")
     if cfg.output is None:
         return None
     out = outputs.Output.of(cfg.output, "output", "mt-translate", force=cfg.force)
