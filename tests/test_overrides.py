@@ -55,7 +55,8 @@ def test_a_comma_in_a_text_setting_is_text_and_sweeps_stay_sweeps():
 def test_mt_prepare_of_a_replaced_mix_prepares_only_its_corpora_and_says_so(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [
         "mt-prepare", "data=europarl_tatoeba", "data.corpora={sample: 1}", "data.spm_vocab_size=300",
-        "data.max_tokens=1024", f"data.cache_dir={shared_cache()}", "data.num_proc=1"])
+        "data.max_tokens=1024", "data.spm_input_sentence_size=2000", f"data.cache_dir={shared_cache()}",
+        "data.num_proc=1"])
     prepare.main()
     out = capsys.readouterr().out
     assert out.startswith("mix (sample 1): prepared data ")

@@ -143,7 +143,7 @@ def test_cli_nbest_lines(checkpoint, monkeypatch, capsys):
 def test_cli_missing_checkpoint_exits_with_a_message(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         run_main(monkeypatch, f"checkpoint={tmp_path / 'nowhere'}", "input.text=Ciao")
-    assert exit_info.value.code == f"mt-translate: error: no checkpoint directory at {tmp_path / 'nowhere'}"
+    assert exit_info.value.code == f"mt-translate: error: checkpoint={tmp_path / 'nowhere'}: no such directory"
     with pytest.raises(SystemExit) as exit_info:
         run_main(monkeypatch, "input.text=Ciao")
     assert "add checkpoint=path/to/checkpoint_dir" in str(exit_info.value.code)

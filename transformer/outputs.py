@@ -93,9 +93,8 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
         raise out.refuse(f"exists and is not a {kind}: not replacing it")
     strangers = _foreign_entries(out) if out.is_dir else []
     if strangers:
-        raise out.refuse(f"holds files {out.command} did not write ({', '.join(strangers[:5])}"
-                         f"{', ...' if len(strangers) > 5 else ''}): not replacing it, even with "
-                         f"{out.force_flag}")
+        raise out.refuse(f"holds files {out.command} did not write ({_listed(strangers)}): not "
+                         f"replacing it, even with {out.force_flag}")
     if not owned(out):
         raise out.refuse(f"exists and is not an output of {out.command} (it has no "
                          f"{_marker_name(out)}): not replacing it, even with {out.force_flag}")
@@ -123,8 +122,8 @@ def check_folder(out: Output, inputs: Iterable[str | os.PathLike | None], ours: 
     if run is not None:
         raise out.refuse(f"is {run}: name a folder of its own")
     _check_against_inputs(out, [Path(p) for p in inputs if p])
-    _check_parent(out)
     if not out.path.exists():
+        _check_parent(out)
         return
     if not out.path.is_dir():
         raise out.refuse("exists and is not a folder")
@@ -132,8 +131,8 @@ def check_folder(out: Output, inputs: Iterable[str | os.PathLike | None], ours: 
         return  # a shared, read-only cache still serves what it holds
     strangers = sorted(p.name for p in out.path.iterdir() if not ours(p.name))
     if strangers:
-        raise out.refuse(f"holds files {out.command} did not write ({', '.join(strangers[:5])}"
-                         f"{', ...' if len(strangers) > 5 else ''}): name an empty or new folder")
+        raise out.refuse(f"holds files {out.command} did not write ({_listed(strangers)}): name an "
+                         "empty or new folder")
 
 
 def check_input(value: str | os.PathLike | None, key: str, is_dir: bool = False) -> None:
@@ -166,6 +165,10 @@ def _foreign_entries(out: Output) -> list[str]:
     if marker.get("command") != out.command or not isinstance(marker.get("files"), list):
         return []
     return sorted(p.name for p in out.path.iterdir() if p.name not in {*marker["files"], DIR_MARKER})
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
 def _marker_name(out: Output) -> str:
