@@ -9,13 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from transformer import evaluate, prepare, train, translate
+from transformer import cli, evaluate, prepare, train, translate
 from transformer.checkpoint import CheckpointError, load_model, save_checkpoint
 from transformer.config import PROJECT_ROOT, DataConfig, DecodeConfig
 from transformer.corpus import DataError, read_lines
 from transformer.data import prepare_data
 from transformer.decoding import translate_lines
+from transformer.errors import file_error
 from transformer.tokenizer import VocabularyError, train_tokenizer
 
 from helpers import DEBUG, shared_cache, tiny_checkpoint
@@ -166,3 +168,40 @@ def test_min_len_above_a_sentences_limit_is_a_logged_adjustment(checkpoint, capl
         assert len(hyps) == 2
         assert all(score > float("-inf") for _, score in hyps)
         assert all(len(tokenizer.encode([text])[0]) >= 1 for text, _ in hyps)
+
+
+# --- a bug is a bug: only the project's own errors are one line ---------------------------
+
+
+def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line(monkeypatch):
+    """cli.run catches errors.UserError (and OmegaConf's), not a bare ValueError or OSError:
+    those come from bugs (ours, torch's, numpy's) and must show where they happened."""
+    monkeypatch.delenv("MT_TRACEBACK", raising=False)
+
+    def bug():
+        raise ValueError("shapes disagree deep inside")
+
+    with pytest.raises(ValueError, match="shapes disagree"):
+        cli.run("mt-x", bug)
+    with pytest.raises(FileNotFoundError):
+        cli.run("mt-x", lambda: Path("/nonexistent/internal/file").read_text())
+    with pytest.raises(SystemExit) as info:
+        cli.run("mt-x", lambda: (_ for _ in ()).throw(DataError("in.it:3: not valid UTF-8")))
+    assert info.value.code == "mt-x: error: in.it:3: not valid UTF-8"
+    with pytest.raises(SystemExit) as info:
+        cli.run("mt-x", lambda: (_ for _ in ()).throw(
+            file_error(PermissionError(13, "Permission denied"), "in.it", "read", "input.file")))
+    assert info.value.code == "mt-x: error: input.file=in.it: cannot read it (Permission denied)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_device_cuda_on_a_cpu_names_the_commands_own_key(checkpoint, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.it").write_text("Ciao\n")
+    (tmp_path / "t.en").write_text("Hello\n")
+    want = "error: device=cuda, but CUDA is not available on this machine: use device=cpu or device=auto"
+    assert call(translate.main, "mt-translate", monkeypatch, f"checkpoint={checkpoint}", "input.text=Ciao",
+                "device=cuda") == f"mt-translate: {want}"
+    assert call(evaluate.main, "mt-evaluate", monkeypatch, f"checkpoint={checkpoint}", "test_set=t.it,t.en",
+                "device=cuda") == f"mt-evaluate: {want}"
+    assert not (tmp_path / "outputs").exists()

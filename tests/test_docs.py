@@ -4,6 +4,7 @@ the README into the repository points at a file that exists."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from pathlib import Path
@@ -16,6 +17,7 @@ from transformer.config import CONFIG_DIR, PROJECT_ROOT, TrainConfig, to_datacla
 from transformer.evaluate import EvaluateConfig
 from transformer.export import ExportConfig
 from transformer.masks_cli import MasksConfig
+from transformer.overrides import rewrite
 from transformer.prepare import PrepareConfig
 from transformer.translate import TranslateConfig
 
@@ -32,26 +34,45 @@ HYDRA_COMMANDS = {
 
 def code_lines(page: Path) -> list[str]:
     """The lines of a page's fenced code blocks, continuation backslashes joined."""
-    out, fenced, pending = [], False, ""
+    inside, fenced = [], False
     for line in page.read_text().splitlines():
         if line.lstrip().startswith("```"):
             fenced = not fenced
+        elif fenced:
+            inside.append(line.rstrip())
+    return joined(inside)
+
+
+def example_lines(path: Path) -> list[str]:
+    """The lines of a config's comments or a module's docstring, continuation backslashes
+    joined: where configs/*.yaml and transformer/*.py show their commands."""
+    if path.suffix == ".yaml":
+        text = [line.strip()[1:] for line in path.read_text().splitlines() if line.strip().startswith("#")]
+    else:
+        text = (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()
+    return joined([line.strip() for line in text])
+
+
+def joined(lines: list[str]) -> list[str]:
+    """Lines with each one ending in a backslash joined to the next."""
+    out, pending = [], ""
+    for line in lines:
+        pending += line
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
             continue
-        if fenced:
-            pending += line.rstrip()
-            if pending.endswith("\\"):
-                pending = pending[:-1] + " "
-                continue
-            out.append(pending)
-            pending = ""
+        out.append(pending)
+        pending = ""
     return out
 
 
 def commands(page: Path) -> list[tuple[str, list[str]]]:
     """(program, arguments) of each mt-* command (or `-m transformer.train`) in the page's
-    code blocks; a pipeline's or list's other parts are left out."""
+    code blocks, or in a config's comments or a module's docstring; a pipeline's or list's
+    other parts are left out."""
     found = []
-    for line in code_lines(page):
+    lines = code_lines(page) if page.suffix == ".md" else example_lines(page)
+    for line in lines:
         try:
             tokens = shlex.split(line, comments=True)
         except ValueError:
@@ -84,6 +105,10 @@ def _first_of_sweep(override: str) -> str:
 
 
 ALL = [(page, prog, args) for page in PAGES for prog, args in commands(page)]
+# The examples in the configs' comments and the modules' docstrings (mt-evaluate's
+# `test_set=src.it,ref.en`, mt-average's `-o`): they run verbatim too.
+SOURCES = [*sorted(CONFIG_DIR.rglob("*.yaml")), *sorted((PROJECT_ROOT / "transformer").glob("*.py"))]
+EXAMPLES = [(src, prog, args) for src in SOURCES for prog, args in commands(src)]
 
 
 def test_the_pages_show_commands_of_every_kind():
@@ -93,9 +118,17 @@ def test_the_pages_show_commands_of_every_kind():
     assert len(ALL) > 40
 
 
-@pytest.mark.parametrize(("page", "prog", "args"), ALL,
-                         ids=[f"{p.name}:{prog}:{' '.join(a)[:60]}" for p, prog, a in ALL])
+def test_the_configs_and_docstrings_show_commands_of_every_kind():
+    progs = {prog for _, prog, _ in EXAMPLES}
+    assert {"mt-train", "mt-translate", "mt-evaluate", "mt-prepare", "mt-export", "mt-masks",
+            "mt-average"} <= progs
+    assert len(EXAMPLES) > 30
+
+
+@pytest.mark.parametrize(("page", "prog", "args"), ALL + EXAMPLES,
+                         ids=[f"{p.name}:{prog}:{' '.join(a)[:60]}" for p, prog, a in ALL + EXAMPLES])
 def test_every_documented_command_composes(page, prog, args):
+    """As the command would compose it: the overrides rewritten as `cli.hydra_entry` does."""
     if prog == "mt-average":
         parse_args([a for a in args if a])
         return
@@ -108,6 +141,7 @@ def test_every_documented_command_composes(page, prog, args):
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     if multirun:
         overrides = [_first_of_sweep(o) for o in overrides]
+    overrides = rewrite(overrides, schema)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(name, overrides=overrides)
     to_dataclass(schema, cfg)

@@ -27,6 +27,7 @@ from transformer.checkpoint import save_checkpoint
 from transformer.config import ConfigError, DecodeConfig, ModelConfig, to_dataclass
 from transformer.corpus import read_lines
 from transformer.model import Transformer, build_model
+from transformer.outputs import OutputError
 from transformer.search import length_penalty, max_lengths, search
 from transformer.tokenizer import train_tokenizer
 
@@ -335,7 +336,7 @@ def test_output_is_never_overwritten_unless_asked_and_never_if_not_an_export(tok
     model = tiny_model(tokenizer.vocab_size, pre_norm=False, tie=True)
     ckpt, path = export_model(model, tokenizer, tmp_path)
     again = ExportConfig(checkpoint=str(ckpt), output=str(path), quantization="int8")
-    with pytest.raises(ExportError, match="exists: add force=true"):
+    with pytest.raises(OutputError, match=r"exists \(an earlier output of mt-export\): add force=true"):
         export(again)
     assert json.loads((path / "export.json").read_text())["quantization"] == "none"
     again.force = True
@@ -344,10 +345,10 @@ def test_output_is_never_overwritten_unless_asked_and_never_if_not_an_export(tok
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(ExportError, match="did not write"):
+    with pytest.raises(OutputError, match="is not an output of mt-export"):
         export(ExportConfig(checkpoint=str(ckpt), output=str(mine), force=True))
     (path / "notes.txt").write_text("keep me too")  # an export holding a file of the user's
-    with pytest.raises(ExportError, match=r"holds files an export does not write \(notes.txt\)"):
+    with pytest.raises(OutputError, match=r"holds files mt-export did not write \(notes.txt\)"):
         export(again)
     assert (mine / "notes.txt").read_text() == "keep me" and (path / "notes.txt").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "export", "mine"]  # no leftovers
@@ -420,10 +421,12 @@ def test_mt_export_then_mt_translate_and_mt_evaluate(tokenizer, lines, tmp_path,
     monkeypatch.chdir(tmp_path)
     run_cli(monkeypatch, export_module.main, "mt-export", f"checkpoint={ckpt}", f"output={out}")
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "export.json", "model.bin", "shared_vocabulary.json", "tokenizer.model"]
+        ".mt-output", "config.json", "export.json", "model.bin", "shared_vocabulary.json",
+        "tokenizer.model"]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(monkeypatch, export_module.main, "mt-export", f"checkpoint={ckpt}", f"output={out}")
-    assert exit_info.value.code == f"mt-export: error: output={out} exists: add force=true to replace it"
+    assert exit_info.value.code == (f"mt-export: error: output={out}: exists (an earlier output of "
+                                    "mt-export): add force=true to replace it")
 
     text = ["Che ore sono?", "", *lines[:6]]
     src = tmp_path / "in.it"

@@ -272,7 +272,7 @@ MISTAKES = [
     (["sentences=[Ciao]"], "translations=null: without a checkpoint there is no model to translate; "
                            "give translations='[...]' or checkpoint=DIR"),
     (["sentences=[Ciao]", "translations=[Hi, Hello]"], "translations=['Hi', 'Hello']: need one per sentence (1)"),
-    (["sentences=[Ciao]", "checkpoint=no/such/checkpoint"], "no checkpoint directory at no/such/checkpoint"),
+    (["sentences=[Ciao]", "checkpoint=no/such/checkpoint"], "checkpoint=no/such/checkpoint: no such directory"),
     (["sentences=[Ciao amico]", "translations=[Hi friend]", "query=5"],
      "query=5: decoder_self has 3 query rows in this batch (0 to 2)"),
     (["sentences=[Ciao amico]", "translations=[Hi friend]", "attention=encoder_self", "query=2"],

@@ -14,11 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from transformer.cli import _dirname
 from transformer.config import CONFIG_DIR, PROJECT_ROOT, TrainConfig, to_dataclass
 from transformer.divergence import TrainingDiverged
-from transformer.sweep import DIVERGED_SCORE, trial_score
+from transformer.sweep import DIVERGED_SCORE, ResumeStudy, trial_score
 
 from helpers import shared_cache
 
@@ -207,3 +208,23 @@ def test_a_trial_of_two_submitit_tasks_trains_them_as_one_ddp_run(tmp_path):
     assert "in use by another mt-train" not in (job / logs[1]).read_text()
     (run,) = trial_dirs(tmp_path)
     assert (run / "checkpoints" / "step_4").is_dir()
+
+
+@pytest.mark.parametrize(("sweeper", "line"), [
+    ({"n_trials": 0}, "mt-train: error: hydra.sweeper.n_trials=0: must be >= 1"),
+    ({"storage": "garbage://x"}, "mt-train: error: hydra.sweeper.storage=garbage://x: cannot open or write "
+     "the study's database (NoSuchModuleError: Can't load plugin: sqlalchemy.dialects:garbage)"),
+    ({"storage": "sqlite:///{tmp}/missing/dir/optuna.db"}, "unable to open database file"),
+    ({"storage": "sqlite:///file:{tmp}/ro.db?mode=ro&uri=true"}, "attempt to write a readonly database"),
+], ids=["n_trials=0", "garbage", "missing-dir", "read-only"])
+def test_a_study_that_cannot_start_says_so_in_one_line(tmp_path, sweeper, line):
+    """Hydra turns a callback's exception into a warning and sweeps on, into a traceback of
+    a hundred lines: the callback ends the command itself, before any trial."""
+    (tmp_path / "ro.db").write_bytes(b"")
+    settings = {"n_trials": 2, "study_name": "s", "direction": "maximize",
+                "storage": f"sqlite:///{tmp_path}/optuna.db"} | sweeper
+    settings["storage"] = settings["storage"].format(tmp=tmp_path)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "sweeper": settings}})
+    with pytest.raises(SystemExit) as info:
+        ResumeStudy().on_multirun_start(config)
+    assert line in info.value.code and "\n" not in info.value.code

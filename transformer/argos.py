@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer import outputs
 from transformer.checkpoint import META, RUN_CFG, load_model
 from transformer.config import ConfigError
 from transformer.ct2 import require_ctranslate2
@@ -170,6 +171,7 @@ def export_argos(cfg: ExportConfig) -> Path:
     ct2 = require_ctranslate2("mt-export")
     require_spacy()
     output = Path(cfg.output)
+    outputs.check_place(outputs.Output.of(output, "output", "mt-export"), [cfg.checkpoint])
     check_output(output, cfg.force)
     model, tokenizer = load_model(cfg.checkpoint)
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]

@@ -33,6 +33,7 @@ from safetensors.torch import load_model as load_safetensors
 from safetensors.torch import save_model as save_safetensors
 
 from transformer.config import ModelConfig
+from transformer.errors import UserError, file_error
 from transformer.model import Transformer, build_model
 from transformer.tokenizer import Tokenizer
 
@@ -46,7 +47,7 @@ LEFTOVER = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 log = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file."""
 
 
@@ -62,20 +63,37 @@ def save_checkpoint(
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_safetensors(model, str(tmp / WEIGHTS))  # handles the tied embedding matrices
-    (tmp / MODEL_CFG).write_text(json.dumps(asdict(model.cfg), indent=2))
-    (tmp / TOKENIZER).write_bytes(tokenizer.proto)
-    (tmp / RUN_CFG).write_text(run_config_yaml)
-    (tmp / META).write_text(json.dumps(meta, indent=2))
-    if trainer_state is not None:
-        torch.save(trainer_state, tmp / STATE)
-    old = path.with_name(f"{path.name}.old-{os.getpid()}")
-    if path.exists():
-        path.rename(old)
-    tmp.rename(path)
+    try:
+        write_checkpoint_files(tmp, model, tokenizer, run_config_yaml, meta, trainer_state)
+        old = path.with_name(f"{path.name}.old-{os.getpid()}")
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+    except OSError as e:  # a full disk, no permission: the previous checkpoints stay as they were
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise file_error(e, path, "write the checkpoint") from e
     shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def write_checkpoint_files(
+    folder: Path,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    run_config_yaml: str,
+    meta: dict[str, Any],
+    trainer_state: dict[str, Any] | None = None,
+) -> None:
+    """A checkpoint's files in `folder` (made, with its parents), not atomically: callers
+    write into a temporary folder and rename it (`save_checkpoint`, `outputs.write_dir`)."""
+    folder.mkdir(parents=True)
+    save_safetensors(model, str(folder / WEIGHTS))  # handles the tied embedding matrices
+    (folder / MODEL_CFG).write_text(json.dumps(asdict(model.cfg), indent=2))
+    (folder / TOKENIZER).write_bytes(tokenizer.proto)
+    (folder / RUN_CFG).write_text(run_config_yaml)
+    (folder / META).write_text(json.dumps(meta, indent=2))
+    if trainer_state is not None:
+        torch.save(trainer_state, folder / STATE)
 
 
 def _require(path: Path, name: str) -> Path:
@@ -115,16 +133,16 @@ def load_model_config(path: str | Path) -> ModelConfig:
     f = _require(Path(path), MODEL_CFG)
     try:
         return ModelConfig.from_dict(json.loads(f.read_text()))
-    except (json.JSONDecodeError, TypeError) as e:
-        raise CheckpointError(f"corrupt {f}: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, OSError) as e:
+        raise CheckpointError(f"corrupt or unreadable {f}: {e}") from e
 
 
 def load_meta(path: str | Path) -> dict[str, Any]:
     f = _require(Path(path), META)
     try:
         return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"corrupt {f}: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"corrupt or unreadable {f}: {e}") from e
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:

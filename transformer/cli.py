@@ -5,8 +5,9 @@ hands the composed config to `run_command(prog, Schema, cfg, job)`, and the cons
 script runs that function through `hydra_entry`. A user's mistake (a bad
 setting, a missing or corrupt file, a misaligned corpus, a checkpoint that does not fit)
 ends the command with one line, `prog: error: ...`, and exit status 1, before any work
-starts where it can be known then. A traceback is for bugs: set `MT_TRACEBACK=1` to see
-one for a user error too.
+starts where it can be known then; so does a usage error (mt-average's too). A traceback
+is for bugs (any exception that is not a `errors.UserError` or OmegaConf's): set
+`MT_TRACEBACK=1` to see one for a user error too.
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.checkpoint import CheckpointError
-from transformer.config import PROJECT_ROOT, ConfigError, to_dataclass
-from transformer.corpus import DataError
-from transformer.divergence import TrainingDiverged
+from transformer import overrides
+from transformer.config import PROJECT_ROOT, to_dataclass
+from transformer.errors import UserError, file_error
 
 CONFIG_PATH = str(PROJECT_ROOT / "configs")  # absolute: see the note in `hydra_main` users
-# User errors: bad settings, bad data, bad checkpoints, files that cannot be read or written,
-# a learning rate that makes training diverge.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingDiverged, OmegaConfBaseException,
-               OSError, ValueError)
+# User errors: the project's own (`errors.UserError`: bad settings, bad data, bad
+# checkpoints, outputs that may not be written, files the user named that cannot be read
+# or written, a learning rate that makes training diverge) and OmegaConf's, which name a
+# key of the config. Any other exception is a bug and keeps its traceback.
+USER_ERRORS = (UserError, OmegaConfBaseException)
 TRACEBACK_ENV = "MT_TRACEBACK"
 
 C = TypeVar("C")
@@ -63,10 +64,6 @@ def error_message(e: BaseException) -> str:
         key = getattr(e, "full_key", None)
         msg = str(getattr(e, "msg", None) or e).strip().splitlines()[0]
         return f"{key}: {msg}" if key else msg
-    if isinstance(e, FileNotFoundError) and e.filename:
-        return f"no such file or directory: {e.filename}"
-    if isinstance(e, PermissionError) and e.filename:
-        return f"permission denied: {e.filename}"
     return " ".join(str(e).split()) or type(e).__name__
 
 
@@ -85,24 +82,31 @@ def run(prog: str, job: Callable[[], R]) -> R:
         sys.exit(130)
 
 
-def hydra_entry(prog: str, hydra_main: Callable[[], object]) -> None:
+def hydra_entry(prog: str, hydra_main: Callable[[], object], schema: type | None = None) -> None:
     """Run a `@hydra.main` function so that mistakes on the command line itself (an unknown
     key, a missing config group option) end in one line too, like those `run` catches.
 
     Hydra prints such errors over several lines unless HYDRA_FULL_ERROR is set, in which
     case it raises them: set here, they are caught and shortened. A user who sets
-    HYDRA_FULL_ERROR or MT_TRACEBACK gets Hydra's traceback.
+    HYDRA_FULL_ERROR or MT_TRACEBACK gets Hydra's traceback. With the command's `schema`,
+    the overrides Hydra would take otherwise than meant are rewritten first
+    (`overrides.rewrite`: a mix replaced, a null setting deleted, a comma in a text).
     """
-    if os.environ.get("HYDRA_FULL_ERROR") or os.environ.get(TRACEBACK_ENV):
-        hydra_main()
-        return
-    os.environ["HYDRA_FULL_ERROR"] = "1"
+    argv = sys.argv
+    sys.argv = [argv[0], *overrides.rewrite(argv[1:], schema)]
     try:
-        hydra_main()
-    except (HydraException, OmegaConfBaseException) as e:
-        sys.exit(f"{prog}: error: {error_message(e)}")
+        if os.environ.get("HYDRA_FULL_ERROR") or os.environ.get(TRACEBACK_ENV):
+            hydra_main()
+            return
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        try:
+            hydra_main()
+        except (HydraException, OmegaConfBaseException, UserError) as e:
+            sys.exit(f"{prog}: error: {error_message(e)}")
+        finally:
+            del os.environ["HYDRA_FULL_ERROR"]
     finally:
-        del os.environ["HYDRA_FULL_ERROR"]
+        sys.argv = argv
 
 
 def run_command(prog: str, schema: type[C], cfg: DictConfig, job: Callable[[C], object]) -> None:
@@ -122,8 +126,11 @@ def setup_logging(prog: str | None = None, log_file: Path | None = None, is_main
     """
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None and is_main:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file))
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            handlers.append(logging.FileHandler(log_file))
+        except OSError as e:
+            raise file_error(e, log_file, "write the log") from e
     fmt = f"{prog}: %(levelname)s: %(message)s" if prog else \
         "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, format=fmt,

@@ -17,13 +17,16 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer.bounds import MAX_BEAM_SIZE, MAX_POSITIONS, worker_limit
+from transformer.errors import UserError
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # data.root and data.cache_dir resolve here
 CONFIG_DIR = PROJECT_ROOT / "configs"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting outside its valid range; the message names the key."""
 
 
@@ -37,6 +40,17 @@ def _positive(key: str, value: float | None, optional: bool = False, minimum: fl
         return
     rule = f"must be >= {minimum}" + (" (or null)" if optional else "")
     _require(value is not None and value >= minimum, key, value, rule)
+
+
+def _at_most(key: str, value: float, bound: float) -> None:
+    _require(value <= bound, key, value, f"must be <= {bound} (transformer/bounds.py)")
+
+
+def _at_most_workers(key: str, value: int | None) -> None:
+    """Worker processes or threads: at most the CPU cores this process may use (at least 2)."""
+    limit = worker_limit()
+    _require(value is None or value <= limit, key, value,
+             f"must be <= {limit}, the CPU cores this process may use (at least 2)")
 
 
 def _fraction(key: str, value: float) -> None:
@@ -72,6 +86,7 @@ class ModelConfig:
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
             _fraction(f"{prefix}.{name}", getattr(self, name))
         _positive(f"{prefix}.max_positions", self.max_positions, minimum=2)
+        _at_most(f"{prefix}.max_positions", self.max_positions, MAX_POSITIONS)
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in ids.items():
             _require(0 <= value < self.vocab_size, f"{prefix}.{name}", value,
@@ -165,6 +180,7 @@ class DataConfig:
             for name, value in mix_only.items():
                 _require(value in (None, {}, []), f"{prefix}.{name}", value, f"only for {prefix}.name=mix")
         _positive(f"{prefix}.max_len", self.max_len)
+        _at_most(f"{prefix}.max_len", self.max_len, MAX_POSITIONS)
         _positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
         _positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
         _positive(f"{prefix}.spm_vocab_size", self.spm_vocab_size, minimum=5)  # 4 special pieces + 1
@@ -177,6 +193,13 @@ class DataConfig:
                  f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
         _positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
         _positive(f"{prefix}.num_proc", self.num_proc)
+        _at_most_workers(f"{prefix}.num_proc", self.num_proc)
+
+    def describe(self) -> str:
+        """The corpus, or a mix's corpora and weights: `mix (tatoeba 1, europarl 2)`."""
+        if self.name != "mix":
+            return self.name
+        return f"mix ({', '.join(f'{name} {weight:g}' for name, weight in self.corpora.items())})"
 
     def _validate_phases(self, prefix: str) -> None:
         _positive(f"{prefix}.epoch_pairs", self.epoch_pairs, optional=True)
@@ -270,6 +293,7 @@ class TrainerConfig:
         _require(bool(self.resume), f"{prefix}.resume", self.resume,
                  "auto, never, or a checkpoint directory")
         _positive(f"{prefix}.keep_last", self.keep_last, minimum=0)
+        _at_most_workers(f"{prefix}.num_threads", self.num_threads)
 
 
 @dataclass
@@ -292,6 +316,7 @@ class DecodeConfig:
         _require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
                  "choose greedy or beam")
         _positive(f"{prefix}.beam_size", self.beam_size)
+        _at_most(f"{prefix}.beam_size", self.beam_size, MAX_BEAM_SIZE)
         _positive(f"{prefix}.lenpen", self.lenpen, minimum=0)
         _positive(f"{prefix}.nbest", self.nbest)
         if self.method == "greedy":

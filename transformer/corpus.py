@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from transformer.config import PROJECT_ROOT, DataConfig
+from transformer.errors import UserError, file_error
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ COMPRESSED = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 _ARCHIVE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError)
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A corpus that cannot be used as it is; the message names the file(s) at fault."""
 
 
@@ -105,7 +106,11 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
         raise DataError(f"corpus file not found: {path}")
     opener = COMPRESSED.get(path.suffix)
     if opener is None:
-        with path.open("rb") as f:
+        try:
+            f = path.open("rb")
+        except OSError as e:
+            raise file_error(e, path, "read") from e
+        with f:
             yield from _decoded(f, str(path))
         return
     n = 0

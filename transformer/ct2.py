@@ -110,8 +110,8 @@ def load_export_info(path: str | Path) -> dict:
         info = json.loads(f.read_text())
         ModelConfig.from_dict(info["model"])
         return info
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ConfigError(f"corrupt {f}: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, OSError) as e:
+        raise ConfigError(f"corrupt or unreadable {f}: {e}") from e
 
 
 def export_device(pref: str) -> torch.device:
@@ -171,7 +171,7 @@ class CT2Model:
                                              inter_threads=threads if on_cpu else 1,
                                              intra_threads=1 if on_cpu else threads)
             self.pieces: list[str] = json.loads((self.path / "shared_vocabulary.json").read_text())
-        except (RuntimeError, ValueError) as e:  # a truncated model.bin, a damaged JSON file
+        except (RuntimeError, ValueError, OSError) as e:  # a truncated model.bin, a damaged or missing file
             raise ConfigError(f"export {self.path} is corrupt or incomplete ({' '.join(str(e).split())}): "
                               "export the checkpoint again with mt-export") from None
         self.piece_ids = {piece: i for i, piece in enumerate(self.pieces)}

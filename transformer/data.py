@@ -32,7 +32,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from transformer import corpus
+from transformer import corpus, outputs
 from transformer.batching import batching_statistics, token_lengths
 from transformer.cleaned import CleanSplit, clean_corpus
 from transformer.config import DataConfig
@@ -116,6 +116,7 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     they load the cache instead of all preparing the same data at once.
     """
     timer = _Timer()
+    check_cache_dir(cfg)
     source = _source_key(cfg)  # None for the remote hub, whose files cannot be stat'ed
     with timer("load cached"):
         known = _read_source_note(cfg, source) if source else None
@@ -148,6 +149,20 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
             *lengths, cfg.max_tokens, cfg.bucket_chunk, prepared.mixture(seed=0))
     prepared.stats["seconds"] = timer.seconds
     return prepared
+
+
+# What the cache holds: prepared data, tokenizers, source notes, their temporary
+# folders and files, the hub's downloads (`hf/`).
+_CACHE_ENTRY = re.compile(r"\.?(prepared|source|spm)-.*|\.cleaning-.*|hf")
+
+
+def check_cache_dir(cfg: DataConfig) -> None:
+    """Refuse, before any work, a data.cache_dir that is a file, holds the user's files or
+    the corpus itself (`outputs.check_folder`)."""
+    inputs = [p for sub in corpus_configs(cfg).values()
+              for paths in (corpus.corpus_files(sub) or {}).values() for p in paths]
+    out = outputs.Output(project_path(cfg.cache_dir), "data.cache_dir", cfg.cache_dir, "mt-prepare")
+    outputs.check_folder(out, inputs, lambda name: _CACHE_ENTRY.fullmatch(name) is not None)
 
 
 def _work_folder(cfg: DataConfig) -> Path:

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from transformer.batching import length_batches, pad
+from transformer.bounds import check_decode_memory
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.corpus import normalize
@@ -128,10 +129,13 @@ def translate_nbest(
     check_length_limits(cfg, src, model.cfg.max_positions)
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
     todo = [i for i, ids in enumerate(src) if ids]
+    lengths = [len(src[i]) for i in todo]
+    batches = list(length_batches(lengths, cfg.max_tokens))
+    check_decode_memory(model.cfg, [[lengths[j] for j in b] for b in batches], cfg, device)
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
     mode = contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device)
     with mode:
-        for batch in length_batches([len(src[i]) for i in todo], cfg.max_tokens):
+        for batch in batches:
             index = [todo[j] for j in batch]
             src_ids = pad([src[i] for i in index], tokenizer.pad_id).to(device)
             found = model.search(src_ids, cfg) if exported else search(model, src_ids, cfg)
@@ -187,7 +191,7 @@ def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | 
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
     if is_export(checkpoint):
         return load_export(checkpoint, device_pref, threads)
-    device = resolve_device(device_pref)
+    device = resolve_device(device_pref, key="device")
     if device.type == "cpu":
         keep_large_blocks_in_the_heap()
         if threads is not None:

@@ -20,6 +20,7 @@ import math
 import torch
 
 from transformer.config import OptimConfig
+from transformer.errors import UserError
 
 # fp16 only: a skipped update lowers the loss scale, and overflow at the start of a run is
 # how GradScaler finds its range. Below this scale (fairseq's --min-loss-scale), the
@@ -27,7 +28,7 @@ from transformer.config import OptimConfig
 FP16_MIN_SCALE = 1e-4
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
     """Training produced non-finite losses, gradients or weights; the message says what to try."""
 
 

@@ -13,7 +13,9 @@ it scored against (`.ref`) and a JSON report (`.json`: scores, sacrebleu signatu
 checkpoint, decode settings, engine, time, sentences/s). The scores are sacrebleu's defaults, so
 `sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU. The name-copy
 rate is in percent beside them (`names`; null when the references copy no name), with its
-counts under `name_copy`.
+counts under `name_copy`. The three files are checked before the test set is read
+(`transformer/outputs.py`): one that exists is replaced only with force=true, and only if
+an earlier evaluation wrote it; an output_dir that is a file is refused.
 """
 
 from __future__ import annotations
@@ -29,8 +31,15 @@ import torch
 from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from transformer import cli
-from transformer.config import DataConfig, DecodeConfig, _check_device, _positive, _require
+from transformer import cli, outputs
+from transformer.config import (
+    DataConfig,
+    DecodeConfig,
+    _at_most_workers,
+    _check_device,
+    _positive,
+    _require,
+)
 from transformer.corpus import DataError
 from transformer.data import load_test_set
 from transformer.decoding import decode_settings, load_for_inference, translate_lines
@@ -44,6 +53,7 @@ class EvaluateConfig:
     checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
     test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | europarl-test | dev | test | src,ref
     output_dir: str = "outputs/eval"  # relative to the current directory
+    force: bool = False  # replace files an earlier mt-evaluate wrote there
     max_sentences: int | None = None  # score only the first N sentences (quick checks)
     device: str = "auto"
     threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
@@ -58,6 +68,7 @@ class EvaluateConfig:
         _positive("max_sentences", self.max_sentences, optional=True)
         _check_device("device", self.device)
         _positive("threads", self.threads, optional=True)
+        _at_most_workers("threads", self.threads)
         self.data.validate("data")
         self.decode.validate("decode")
 
@@ -86,13 +97,36 @@ def file_stem(test_set: str) -> str:
     return Path(test_set.split(",")[0]).name if "," in test_set else test_set
 
 
+def output_files(cfg: EvaluateConfig) -> dict[str, outputs.Output]:
+    """The hypotheses, references and report files under output_dir, checked before any
+    work (`outputs.check`), and never one of the inputs (the checkpoint, a src,ref pair)."""
+    out, stem, method = Path(cfg.output_dir), file_stem(cfg.test_set), cfg.decode.method
+    names = {"hyp": f"{stem}.{method}.hyp", "ref": f"{stem}.ref", "report": f"{stem}.{method}.json"}
+    files = {kind: outputs.Output(out / name, "output_dir", cfg.output_dir, "mt-evaluate", force=cfg.force)
+             for kind, name in names.items()}
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
+    for path in _inputs(cfg)[1:]:
+        outputs.check_input(path, "test_set")
+    for kind in ("hyp", "report"):
+        outputs.check(files[kind], _inputs(cfg))
+    return files
+
+
+def _inputs(cfg: EvaluateConfig) -> list[str | None]:
+    pair = [p.strip() for p in cfg.test_set.split(",", 1)] if "," in cfg.test_set else []
+    return [cfg.checkpoint, *pair]
+
+
 def evaluate(cfg: EvaluateConfig) -> dict:
     """Translate and score `cfg.test_set`; write hypotheses, references and the report."""
+    files = output_files(cfg)
     src, refs = load_test_set(cfg.test_set, cfg.data)  # before the model: a bad set costs nothing
     if cfg.max_sentences is not None:
         src, refs = src[: cfg.max_sentences], refs[: cfg.max_sentences]
     if not src:
         raise DataError(f"test set {cfg.test_set!r} has no sentence pairs to score")
+    # the same references for every method: an earlier evaluation's identical file is fine
+    outputs.check(files["ref"], _inputs(cfg), same_as="".join(f"{r}\n" for r in refs))
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     start = time.perf_counter()
     decode = decode_settings(cfg.decode, device, model)  # device defaults filled in: what runs is what the report says
@@ -109,19 +143,14 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         "seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
     }
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{file_stem(cfg.test_set)}.{cfg.decode.method}"
-    files = {"hyp": out / f"{stem}.hyp", "ref": out / f"{file_stem(cfg.test_set)}.ref",
-             "report": out / f"{stem}.json"}
-    files["hyp"].write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
-    files["ref"].write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
-    report["files"] = {k: str(v) for k, v in files.items()}
-    files["report"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    outputs.write_text(files["hyp"], "".join(f"{h}\n" for h in hyps))
+    outputs.write_text(files["ref"], "".join(f"{r}\n" for r in refs))
+    report["files"] = {k: str(v.path) for k, v in files.items()}
+    outputs.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     for name in ("BLEU", "chrF2", "TER", "names"):
         print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
     print(f"{len(src)} sentences in {seconds:.1f} s ({report['sentences_per_second']} sent/s); "
-          f"report: {files['report']}")
+          f"report: {files['report'].path}")
     return report
 
 
@@ -133,7 +162,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The `mt-evaluate` console script."""
-    cli.hydra_entry("mt-evaluate", hydra_main)
+    cli.hydra_entry("mt-evaluate", hydra_main, EvaluateConfig)
 
 
 if __name__ == "__main__":

@@ -29,18 +29,17 @@ What it respects, each checked by tests/test_export.py:
   export stops naming what is left over.
 
 The output directory holds CTranslate2's files (model.bin, config.json,
-shared_vocabulary.json), our tokenizer.model and export.json (ModelConfig, source
-checkpoint, quantization). It is written to `<output>.tmp-<pid>` and renamed into place; an
-existing output is replaced only with force=true, and only if it is an earlier export or
-empty: mt-export never deletes what it did not write.
+shared_vocabulary.json), our tokenizer.model, export.json (ModelConfig, source
+checkpoint, quantization) and the `.mt-output` marker. It is written to `<output>.tmp-<pid>`
+and renamed into place; an existing output is replaced only with force=true, and only if
+it is an earlier export: mt-export never deletes what it did not write
+(`transformer/outputs.py`, the rule every command's outputs follow).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,10 +48,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from transformer import cli
+from transformer import cli, outputs
 from transformer.checkpoint import TOKENIZER, load_model
 from transformer.config import ModelConfig, _require
 from transformer.ct2 import CT2_FILES, EXPORT_INFO, is_export, require_ctranslate2
+from transformer.errors import UserError
 from transformer.layers import sinusoid_table
 from transformer.model import Transformer
 from transformer.tokenizer import UNK_ID
@@ -95,7 +95,7 @@ class ExportConfig:
                  "an .argosmodel is written with format=argos")
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """The checkpoint and the spec do not fit each other, or the output cannot be written."""
 
 
@@ -244,53 +244,31 @@ def export(cfg: ExportConfig) -> Path:
 
         return export_argos(cfg)
     require_ctranslate2("mt-export")
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
     output = Path(cfg.output)
-    _check_output(output, cfg.force)
+    out = outputs.Output.of(cfg.output, "output", "mt-export", is_dir=True, force=cfg.force,
+                            owned_before=_earlier_export)
+    outputs.check(out, inputs=[cfg.checkpoint])
     model, tokenizer = load_model(cfg.checkpoint)
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     converter = CheckpointConverter.from_model(model, pieces)
-    tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)  # our own leftover: this pid's name
-    try:
+    with outputs.write_dir(out) as tmp:
         quantization = None if cfg.quantization == "none" else cfg.quantization
         converter.convert(str(tmp), quantization=quantization)
         (tmp / TOKENIZER).write_bytes(tokenizer.proto)
         info = {"model": asdict(model.cfg), "checkpoint": str(Path(cfg.checkpoint).resolve()),
                 "quantization": cfg.quantization, "ctranslate2": ctranslate2.__version__}
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        _put_in_place(tmp, output, cfg.force)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     size = sum(f.stat().st_size for f in output.iterdir())
     log.info("wrote %s (%s, %.1f MB)", output, cfg.quantization, size / 1e6)
     return output
 
 
-def _check_output(output: Path, force: bool) -> None:
-    """Refuse, before any work, an output that exists and may not be replaced."""
-    if not output.exists() and not output.is_symlink():
-        return
-    if not output.is_dir() or output.is_symlink():
-        raise ExportError(f"output={output} exists and is not a directory: not replacing it")
-    if not force:
-        raise ExportError(f"output={output} exists: add force=true to replace it")
-    if not is_export(output) and any(output.iterdir()):
-        raise ExportError(f"output={output} is a directory that mt-export did not write (no "
-                          f"{EXPORT_INFO}): not replacing it, even with force=true")
-
-
-def _put_in_place(tmp: Path, output: Path, force: bool) -> None:
-    """Rename tmp to output; an earlier export there is moved aside first, deleted last."""
-    _check_output(output, force)  # again: something may have appeared meanwhile
-    old = output.with_name(f"{output.name}.old-{os.getpid()}")
-    if output.exists():
-        unknown = [f.name for f in output.iterdir() if f.name not in (*CT2_FILES, TOKENIZER, EXPORT_INFO)]
-        if unknown:
-            raise ExportError(f"output={output} holds files an export does not write "
-                              f"({', '.join(sorted(unknown))}): not replacing it")
-        output.rename(old)
-    tmp.rename(output)
-    shutil.rmtree(old, ignore_errors=True)
+def _earlier_export(path: Path) -> bool:
+    """An export written before outputs carried a marker: export.json, and only the files
+    an export holds."""
+    return is_export(path) and all(f.name in (*CT2_FILES, TOKENIZER, EXPORT_INFO)
+                                   for f in path.iterdir())
 
 
 @hydra.main(config_path=cli.CONFIG_PATH, config_name="export", version_base="1.3")
@@ -300,7 +278,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The `mt-export` console script."""
-    cli.hydra_entry("mt-export", hydra_main)
+    cli.hydra_entry("mt-export", hydra_main, ExportConfig)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import torch
 
 from transformer.attention import MultiHeadAttention, attention_weights
 from transformer.batching import Batch, collate
+from transformer.config import ConfigError
 from transformer.corpus import normalize
 from transformer.decoding import encode_sources
 from transformer.masks import src_key_mask, tgt_self_mask
@@ -104,7 +105,7 @@ def make_batch(
     notes = []
     for i, (s, t) in enumerate(zip(full_src, full_tgt, strict=True)):
         if not s:
-            raise ValueError(f"sentence {i} has no tokens: {sentences[i]!r}")
+            raise ConfigError(f"sentences[{i}]={sentences[i]!r} has no tokens")
         if len(s) > limit:
             notes.append(f"sentence {i}: its {len(s)} source tokens were cut to the first {limit}, "
                          f"the rows of the model's positional table (model.max_positions)")
@@ -256,7 +257,7 @@ def find_map(maps: list[AttentionMap], kind: str, layer: int) -> AttentionMap:
     """The map of `kind` at `layer` (negative: from the last layer of that stack)."""
     of_kind = [m for m in maps if m.kind == kind]
     if not -len(of_kind) <= layer < len(of_kind):
-        raise ValueError(f"layer={layer}: the model has {len(of_kind)} layers with {kind} attention")
+        raise ConfigError(f"layer={layer}: the model has {len(of_kind)} layers with {kind} attention")
     return of_kind[layer]
 
 

@@ -24,8 +24,9 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from transformer import cli
+from transformer import cli, outputs
 from transformer.config import ConfigError, DataConfig, DecodeConfig, _check_device, _require
+from transformer.ct2 import is_export, load_export_info
 from transformer.data import prepare_data
 from transformer.decoding import load_for_inference, translate_lines
 from transformer.mask_inspector import (
@@ -57,6 +58,7 @@ class MasksConfig:
     checkpoint: str | None = None  # null: masks only, no attention weights
     tokenizer: str = "auto"  # auto (the checkpoint's, else whitespace) | whitespace | data
     output: str | None = "outputs/masks.png"  # the PNG; null: none
+    force: bool = False  # replace output if an earlier mt-masks wrote it
     sentence: int = 0  # the pair the picture and parts 4-5 show (from 0)
     attention: str = "decoder_self"  # part 4's attention: encoder_self | decoder_self | cross
     query: int = 1  # part 4's query row, a position of the padded batch (from 0)
@@ -258,6 +260,11 @@ def format_empty_row(cfg: MasksConfig, inspected: InspectedBatch, model) -> list
 
 def load_inputs(cfg: MasksConfig):
     """(model or None, tokenizer): the checkpoint's, the data group's, or whitespace words."""
+    if cfg.checkpoint and is_export(cfg.checkpoint):
+        source = load_export_info(cfg.checkpoint).get("checkpoint", "the checkpoint it was exported from")
+        raise ConfigError(f"checkpoint={cfg.checkpoint} is an mt-export (CTranslate2) directory: "
+                          "mt-masks reads the attention weights of a PyTorch checkpoint "
+                          f"directory; give the one it was exported from ({source})")
     if cfg.checkpoint:
         model, tokenizer, _ = load_for_inference(cfg.checkpoint, cfg.device)
         return model, tokenizer
@@ -295,6 +302,11 @@ def describe(cfg: MasksConfig, tokenizer) -> str:
 
 
 def inspect_masks(cfg: MasksConfig) -> None:
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
+    picture = None
+    if cfg.output:  # checked before any work (transformer/outputs.py)
+        picture = outputs.Output.of(cfg.output, "output", "mt-masks", force=cfg.force)
+        outputs.check(picture, inputs=[cfg.checkpoint])
     model, tokenizer = load_inputs(cfg)
     translations = cfg.translations
     if translations is None:
@@ -316,10 +328,13 @@ def inspect_masks(cfg: MasksConfig) -> None:
     else:
         lines += [*format_checks(maps), "", *format_methods(cfg, inspected, maps), ""]
     lines += format_empty_row(cfg, inspected, model)
-    if cfg.output:
-        path = (plot_masks(inspected, cfg.sentence, cfg.output) if maps is None
-                else plot_attention_grid(inspected, maps, cfg.sentence, cfg.layer, cfg.output))
-        lines += ["", f"picture of sentence {cfg.sentence}: {path}"]
+    if picture is not None:
+        with outputs.write_file(picture) as tmp:
+            if maps is None:
+                plot_masks(inspected, cfg.sentence, tmp)
+            else:
+                plot_attention_grid(inspected, maps, cfg.sentence, cfg.layer, tmp)
+        lines += ["", f"picture of sentence {cfg.sentence}: {picture.path}"]
     print("\n".join(lines), flush=True)
 
 
@@ -330,7 +345,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The `mt-masks` console script."""
-    cli.hydra_entry("mt-masks", hydra_main)
+    cli.hydra_entry("mt-masks", hydra_main, MasksConfig)
 
 
 if __name__ == "__main__":

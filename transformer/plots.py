@@ -24,6 +24,7 @@ from matplotlib.collections import PatchCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from transformer.config import ConfigError
 from transformer.decoding import encode_sources
 from transformer.mask_inspector import (
     KIND_NAMES,
@@ -56,12 +57,12 @@ def cross_attention(
     model.eval()
     n_layers = len(model.decoder_layers)
     if not -n_layers <= layer < n_layers:
-        raise ValueError(f"layer={layer}, but the model has {n_layers} decoder layers")
+        raise ConfigError(f"layer={layer}, but the model has {n_layers} decoder layers")
     layer %= n_layers
     device = next(model.parameters()).device
     src = encode_sources(tokenizer, [sentence], model.cfg.max_positions)[0]
     if not src:
-        raise ValueError("nothing to translate: the sentence is empty")
+        raise ConfigError("nothing to translate: the sentence is empty")
     src_ids = torch.tensor([src], device=device)  # (1, S)
     hyp = greedy_search(model, src_ids, max_len_a, max_len_b)[0]
     tgt_in_ids = torch.tensor([[model.cfg.bos_id, *hyp.tokens]], device=device)  # (1, T)

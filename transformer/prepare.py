@@ -27,7 +27,7 @@ class PrepareConfig:
 def prepare(cfg: PrepareConfig) -> None:
     prepared = prepare_data(cfg.data)
     source = "reused from" if prepared.from_cache else "saved to"
-    print(f"{cfg.data.name}: prepared data {source} {prepared.path}")
+    print(f"{cfg.data.describe()}: prepared data {source} {prepared.path}")
     print(format_statistics(prepared.stats))
 
 
@@ -66,7 +66,7 @@ def format_statistics(stats: dict) -> str:
 
 def main() -> None:
     """The `mt-prepare` console script."""
-    cli.hydra_entry("mt-prepare", hydra_main)
+    cli.hydra_entry("mt-prepare", hydra_main, PrepareConfig)
 
 
 if __name__ == "__main__":

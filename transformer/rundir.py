@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from transformer import checkpoint as ckpt
 from transformer.config import ConfigError, ModelConfig
+from transformer.errors import file_error
 
 try:
     import fcntl
@@ -30,6 +35,8 @@ except ImportError:  # not POSIX: no lock
 
 # Fields the tokenizer sets at training time; a resumed run checks the tokenizer itself.
 _DATA_FIELDS = ("vocab_size", "pad_id", "bos_id", "eos_id")
+# Everything mt-train writes into a run directory; anything else there is someone else's.
+RUN_ENTRIES = frozenset({"checkpoints", "tb", "train.log", "config.yaml", ".lock"})
 
 
 class RunDirError(ConfigError):
@@ -75,7 +82,12 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
     Raises RunDirError when a new run would start among another run's checkpoints.
     """
     path = Path(path)
-    lock = _lock(path) if is_main else None
+    if is_main:
+        _check_only_ours(path)
+    try:
+        lock = _lock(path) if is_main else None
+    except OSError as e:  # a file in the way, no permission, a full disk
+        raise file_error(e, path, "use it as the run directory", "trainer.run_dir") from e
     try:
         if is_main:
             ckpt.recover_interrupted_writes(path / "checkpoints")
@@ -84,6 +96,41 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
         if lock is not None:
             lock.close()
         raise
+
+
+def _check_only_ours(path: Path) -> None:
+    """A run directory holds only what mt-train writes there: a folder of the user's is
+    never a run directory (its config.yaml would be replaced)."""
+    if not path.is_dir():
+        return
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in RUN_ENTRIES)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise RunDirError(f"trainer.run_dir={path} holds files mt-train did not write ({shown}): "
+                          "give the run a directory of its own (a new path)")
+
+
+class RunDirPath(Callback):
+    """Hydra callback (configs/train.yaml): Hydra makes the run (or sweep) directory before
+    mt-train starts, and a path that is a file, or lies under one, would end in its
+    traceback; this ends the command in one line instead, before anything is made."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_unless_makeable(Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_unless_makeable(Path(config.hydra.sweep.dir))
+
+
+def _exit_unless_makeable(path: Path) -> None:
+    # Hydra turns a callback's exception into a warning: exit here (SystemExit passes).
+    where = path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if path.exists() and not path.is_dir():
+        sys.exit(f"mt-train: error: trainer.run_dir={path}: exists and is not a directory")
+    if not where.is_dir():
+        sys.exit(f"mt-train: error: trainer.run_dir={path}: cannot be made: {where} is a file")
 
 
 def _decide(path: Path, resume: str, lock: IO | None) -> RunDir:

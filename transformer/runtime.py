@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from transformer.config import ConfigError
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 log = logging.getLogger(__name__)
 
@@ -56,12 +58,15 @@ def launched_by_torchrun() -> bool:
         k in os.environ for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
+def resolve_device(pref: str, local_rank: int = 0, key: str = "trainer.device") -> torch.device:
+    """The torch device of a `device` setting; `key` is the setting's name in the command
+    (`trainer.device` in mt-train, `device` in mt-translate), for the message."""
     if pref == "auto":
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     device = torch.device(pref)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"trainer.device={pref} but CUDA is not available")
+        raise ConfigError(f"{key}={pref}, but CUDA is not available on this machine: use {key}=cpu "
+                          f"or {key}=auto")
     if device.type == "cuda" and device.index is None:
         device = torch.device(f"cuda:{local_rank}")
     return device
@@ -219,7 +224,7 @@ def resolve_precision(precision: str, device: torch.device, key: str = "trainer.
     needs CUDA.
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"{key}={precision!r}: choose one of {', '.join(PRECISIONS)}")
+        raise ConfigError(f"{key}={precision!r}: choose one of {', '.join(PRECISIONS)}")
     if device.type == "cuda":
         if precision != "auto":
             return precision, "as configured"
@@ -234,7 +239,7 @@ def resolve_precision(precision: str, device: torch.device, key: str = "trainer.
             return "bf16", f"auto: the CPU has native bf16 ({features})"
         return "fp32", f"auto: the CPU has no native bf16 ({features}), so fp32"
     if precision == "fp16":
-        raise ValueError(f"{key}=fp16 needs CUDA (loss scaling on CPU is not supported); "
+        raise ConfigError(f"{key}=fp16 needs CUDA (loss scaling on CPU is not supported); "
                          f"use {key}=auto, or bf16 on a CPU with native bf16")
     if precision == "bf16" and not native:
         log.warning("%s=bf16 on a CPU without native bf16 (%s): autocast emulates it, %s; "

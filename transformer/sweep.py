@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +33,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
 from transformer import cli
+from transformer.config import ConfigError
 from transformer.divergence import TrainingDiverged
+from transformer.errors import UserError, file_error
 from transformer.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -97,11 +101,28 @@ class ResumeStudy(Callback):
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra turns a callback's exception into a warning and sweeps on: a user's mistake
+        # (n_trials=0, a storage that cannot be opened or written) ends the command here.
+        try:
+            self._start(config)
+        except UserError as e:
+            sys.exit(f"mt-train: error: {cli.error_message(e)}")
+
+    def _start(self, config: DictConfig) -> None:
         cli.setup_logging()
-        Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
         sweeper = config.hydra.sweeper
+        n_trials = sweeper.get("n_trials")
+        if not isinstance(n_trials, int) or n_trials < 1:
+            raise ConfigError(f"hydra.sweeper.n_trials={n_trials}: must be >= 1 (the study's "
+                              "total number of trials)")
+        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise file_error(e, sweep_dir, "make the sweep directory", "trainer.run_dir") from e
         if not (sweeper.get("storage") and sweeper.get("study_name")):
             return  # a study kept in memory, or under a new random name: nothing to resume
+        open_study(sweeper.storage, sweeper.study_name, sweeper.get("direction", "minimize"))
         done, held = resume_study(sweeper.storage, sweeper.study_name)
         to_go = max(0, sweeper.n_trials - done)
         log.info("study %s: %d of %d trials done, %d to go", sweeper.study_name, done,
@@ -110,6 +131,29 @@ class ResumeStudy(Callback):
             sweeper.n_trials = to_go
             if held and sweeper.get("sampler") is not None and sweeper.sampler.get("seed") is not None:
                 sweeper.sampler.seed += held
+
+
+def open_study(storage: str, study_name: str, direction: Any) -> None:
+    """Open (or create) the study and write to it once, before any trial: a storage URL
+    that names no database, a driver that is not installed, a database that cannot be
+    written are one line (ConfigError) here, instead of a traceback mid-sweep."""
+    import optuna  # the tune extra: imported only where a study is run
+    from sqlalchemy.exc import SQLAlchemyError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    directions = [direction] if isinstance(direction, str) else list(direction)
+    try:
+        study = optuna.create_study(study_name=study_name, storage=storage,
+                                    directions=[str(d) for d in directions], load_if_exists=True)
+        study.set_user_attr("mt_train_opened", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError, ValueError,
+            OSError) as e:
+        cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ else e
+        why = " ".join(str(cause).split("(Background on this error")[0].split(" [SQL:")[0].split())
+        e = cause
+        raise ConfigError(f"hydra.sweeper.storage={storage}: cannot open or write the study's "
+                          f"database ({type(e).__name__}: {why[:300]})") from e
 
 
 def resume_study(storage: str, study_name: str) -> tuple[int, int]:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from transformer.errors import UserError
+
 log = logging.getLogger(__name__)
 
 PAD_ID = 0
@@ -108,7 +110,7 @@ class Tokenizer:
         self._sp = processor
 
 
-class VocabularyError(ValueError):
+class VocabularyError(UserError, ValueError):
     """SentencePiece cannot make the vocabulary asked for from this text."""
 
 

@@ -114,7 +114,7 @@ def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, devic
         log.info("fine-tuning from %s (its step %s): its weights, a fresh optimizer and schedule",
                  parent, load_meta(parent).get("step", "?"))
     log.info("model: %s parameters, %s", f"{count_parameters(model):,}", model_cfg)
-    log.info("data: %d training pairs, %s, vocabulary %d", len(data.train),
+    log.info("data: %s, %d training pairs, %s, vocabulary %d", cfg.data.describe(), len(data.train),
              ", ".join(f"{len(ds)} {name} dev pairs" for name, ds in data.devs.items()), tok.vocab_size)
     trainer = Trainer(dataclasses.replace(cfg, model=model_cfg), run_config_yaml, data, model,
                       device, dist_info, owned=run.owned)
@@ -189,7 +189,7 @@ def main() -> None:
     """The `mt-train` console script."""
     global _started
     _started = time.time() - 1.0  # file times come from a coarser clock, up to a tick behind
-    cli.hydra_entry("mt-train", hydra_main)
+    cli.hydra_entry("mt-train", hydra_main, TrainConfig)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ One output line per input line, in input order; an empty input line gives an emp
 output line. With decode.nbest > 1 each input gives nbest lines `i ||| hyp ||| score`
 (fairseq's layout, i counting input lines from 0). The library behind it is
 `transformer.decoding` (`translate_lines`, `translate_nbest`).
+
+`output=FILE` is checked before the model is loaded (`transformer/outputs.py`): a file
+that exists is replaced only with force=true and only if mt-translate wrote it, never the
+input itself; missing folders are made. The file is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -20,8 +24,15 @@ from dataclasses import dataclass, field
 import hydra
 from omegaconf import DictConfig
 
-from transformer import cli
-from transformer.config import ConfigError, DecodeConfig, _check_device, _positive, _require
+from transformer import cli, outputs
+from transformer.config import (
+    ConfigError,
+    DecodeConfig,
+    _at_most_workers,
+    _check_device,
+    _positive,
+    _require,
+)
 from transformer.corpus import decode_lines, read_lines
 from transformer.decoding import format_nbest, load_for_inference, translate_nbest
 
@@ -37,6 +48,7 @@ class TranslateConfig:
     checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
     input: InputConfig = field(default_factory=InputConfig)
     output: str | None = None  # write this file; null: stdout
+    force: bool = False  # replace output if an earlier mt-translate wrote it
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
     progress: bool = True  # tqdm bar on stderr when translating a file
@@ -49,6 +61,7 @@ class TranslateConfig:
                  "give input.file or input.text, not both")
         _check_device("device", self.device)
         _positive("threads", self.threads, optional=True)
+        _at_most_workers("threads", self.threads)
         self.decode.validate("decode")
 
 
@@ -63,11 +76,21 @@ def read_input(cfg: InputConfig) -> list[str]:
     return decode_lines(sys.stdin.buffer, "<stdin>")
 
 
-def write_output(lines: list[str], path: str | None) -> None:
+def output_of(cfg: TranslateConfig) -> outputs.Output | None:
+    """The output file, checked (None for stdout), and the inputs: before any work."""
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
+    outputs.check_input(cfg.input.file, "input.file")
+    if cfg.output is None:
+        return None
+    out = outputs.Output.of(cfg.output, "output", "mt-translate", force=cfg.force)
+    outputs.check(out, inputs=[cfg.input.file, cfg.checkpoint])
+    return out
+
+
+def write_output(lines: list[str], out: outputs.Output | None) -> None:
     text = "".join(f"{line}\n" for line in lines)
-    if path is not None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+    if out is not None:
+        outputs.write_text(out, text)
         return
     if sys.stdout is None:  # started with stdout closed (>&-)
         raise ConfigError("stdout is closed: add output=FILE")
@@ -80,6 +103,7 @@ def write_output(lines: list[str], path: str | None) -> None:
 
 
 def translate(cfg: TranslateConfig) -> None:
+    out = output_of(cfg)
     lines = read_input(cfg.input)  # before loading the model: a bad input costs nothing
     if cfg.output is None and sys.stdout is None:
         raise ConfigError("stdout is closed: add output=FILE")
@@ -87,9 +111,9 @@ def translate(cfg: TranslateConfig) -> None:
     progress = cfg.progress and cfg.input.file is not None
     nbest = translate_nbest(model, tokenizer, lines, cfg.decode, device, progress)
     if cfg.decode.nbest > 1:
-        write_output(format_nbest(nbest), cfg.output)
+        write_output(format_nbest(nbest), out)
     else:
-        write_output([hyps[0][0] for hyps in nbest], cfg.output)
+        write_output([hyps[0][0] for hyps in nbest], out)
 
 
 # An absolute config path: "../configs" is resolved as a Python package when main() is
@@ -102,7 +126,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The `mt-translate` console script."""
-    cli.hydra_entry("mt-translate", hydra_main)
+    cli.hydra_entry("mt-translate", hydra_main, TranslateConfig)
 
 
 if __name__ == "__main__":

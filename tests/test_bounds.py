@@ -1,0 +1,66 @@
+"""Settings that could exhaust the machine are bounded (transformer/bounds.py): refused in
+one line naming the key, before any work; decoding that would need more memory than is
+free is refused before the first batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer import bounds, decoding
+from transformer.checkpoint import load_model
+from transformer.config import ConfigError, DecodeConfig, ModelConfig, TrainConfig, to_dataclass
+from transformer.evaluate import EvaluateConfig
+from transformer.translate import TranslateConfig
+
+from helpers import compose_cfg, tiny_checkpoint
+
+
+@pytest.mark.parametrize(("schema", "config", "override", "message"), [
+    (TranslateConfig, "translate", "decode.beam_size=100000", "decode.beam_size=100000: must be <= 128"),
+    (EvaluateConfig, "evaluate", "decode.beam_size=129", "decode.beam_size=129: must be <= 128"),
+    (TranslateConfig, "translate", "threads=1000", "threads=1000: must be <= "),
+    (TrainConfig, "train", "data.num_proc=1000", "data.num_proc=1000: must be <= "),
+    (TrainConfig, "train", "trainer.num_threads=1000", "trainer.num_threads=1000: must be <= "),
+    (TrainConfig, "train", "model.max_positions=100000", "model.max_positions=100000: must be <= 16384"),
+    (TrainConfig, "train", "data.max_len=20000", "data.max_len=20000: must be <= 16384"),
+])
+def test_a_setting_past_its_bound_is_refused_naming_it(schema, config, override, message):
+    cfg = compose_cfg("checkpoint=x", override, config=config) if config != "train" else compose_cfg(override)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        to_dataclass(schema, cfg)
+
+
+def test_workers_are_bounded_by_the_cores_and_at_least_two(monkeypatch):
+    monkeypatch.setattr(bounds, "cpu_cores", lambda: 1)
+    assert bounds.worker_limit() == 2  # the shipped configs' num_proc=2 runs on one core
+    to_dataclass(TrainConfig, compose_cfg("data.num_proc=2"))
+    monkeypatch.setattr(bounds, "cpu_cores", lambda: 64)
+    to_dataclass(TrainConfig, compose_cfg("data.num_proc=64"))
+    with pytest.raises(ConfigError, match=r"data.num_proc=65: must be <= 64, the CPU cores"):
+        to_dataclass(TrainConfig, compose_cfg("data.num_proc=65"))
+
+
+def test_the_memory_estimate_grows_with_the_rows_and_the_lengths():
+    model = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6)
+    one = bounds.decode_batch_bytes(model, 1, 10, 1, 22, 4)
+    assert bounds.decode_batch_bytes(model, 1, 10, 5, 22, 4) == 5 * one  # beam: rows
+    assert bounds.decode_batch_bytes(model, 3, 10, 1, 22, 4) == 3 * one  # sentences: rows
+    assert bounds.decode_batch_bytes(model, 1, 20, 1, 34, 4) > one  # longer: more cache
+    assert bounds.decode_batch_bytes(model, 1, 10, 1, 22, 2) < one  # bf16 caches are half
+
+
+def test_decoding_that_would_not_fit_in_free_memory_is_refused_before_the_first_batch(tmp_path, monkeypatch):
+    model, tokenizer = load_model(tiny_checkpoint(tmp_path / "ckpt"))
+    lines = ["Ciao"] * 100
+    searched = []
+    monkeypatch.setattr(decoding, "search", lambda *a, **k: searched.append(1))
+    monkeypatch.setattr(bounds, "available_memory", lambda device: 1_000_000)  # 1 MB free
+    cfg = DecodeConfig(beam_size=128, max_tokens=100_000, precision="fp32")
+    with pytest.raises(ConfigError, match=r"decode.beam_size=128 with decode.max_tokens=100000: a decoding "
+                                          r"batch of 100 sentences x beam 128 would need about .* lower "
+                                          r"decode.beam_size or decode.max_tokens"):
+        decoding.translate_lines(model, tokenizer, lines, cfg, torch.device("cpu"))
+    assert not searched
+    monkeypatch.undo()  # the machine's own free memory: these settings fit
+    assert len(decoding.translate_lines(model, tokenizer, lines[:2], DecodeConfig(method="greedy"))) == 2

@@ -1,0 +1,324 @@
+"""One rule for every output a command writes: nothing a user owns is ever overwritten.
+
+The outputs: an average's checkpoint directory (mt-average), an export (mt-export), a
+translation (mt-translate), an evaluation's files (mt-evaluate), a picture (mt-masks).
+(Training's run directory has its own rules, `rundir.py`; the prepared-data cache is a
+folder of entries named by their content, checked by `check_folder`.) Each command calls
+`check` on each of its outputs before any work starts, and it refuses, in one line
+naming the key the user typed:
+- a path that holds something, unless `force=true` and the same command wrote it, as its
+  marker says: `.mt-output` inside a directory it wrote; for a file, an entry in the
+  folder's `.mt-outputs.json` with the file's SHA-256, so a file the user changed since
+  is theirs again. An empty directory holds nothing and may be written;
+- an output equal to, inside, or a parent of one of the command's inputs;
+- a run directory (`checkpoints/`, `train.log`, a `.lock`) or a run's checkpoints folder;
+- a path under a file, or under a folder that cannot be written.
+Then `write_dir` and `write_file` write to a temporary sibling (`NAME.tmp-PID`) that is
+renamed into place only when complete; an earlier output being replaced is moved to
+`NAME.old-PID` first and deleted last, so a failure or Ctrl-C leaves it whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer.config import ConfigError
+from transformer.errors import UserFileError, file_error
+
+DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
+FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
+
+
+class OutputError(ConfigError):
+    """An output that may not be written where the user asked; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of a command: where, which setting named it, whether it is a directory.
+
+    key and value: the setting as the user typed it (`output`, `-o`, `output_dir`), for
+    messages; path: the output itself (for mt-evaluate, a file under output_dir).
+    owned_before: recognises outputs this command wrote before markers existed.
+    """
+
+    path: Path
+    key: str
+    value: str
+    command: str
+    is_dir: bool = False
+    force: bool = False
+    owned_before: Callable[[Path], bool] | None = None
+
+    @classmethod
+    def of(cls, value: str | os.PathLike, key: str, command: str, **kw) -> Output:
+        return cls(Path(value), key, str(value), command, **kw)
+
+    @property
+    def force_flag(self) -> str:
+        """How the user asks to replace: `--force` (argparse) or `force=true` (Hydra)."""
+        return "--force" if self.key.startswith("-") else "force=true"
+
+    def refuse(self, why: str) -> OutputError:
+        setting = f"{self.key} {self.value}" if self.key.startswith("-") else f"{self.key}={self.value}"
+        shown = "" if str(self.path) == self.value else f"{self.path} "
+        return OutputError(f"{setting}: {shown}{why}")
+
+
+def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as: str | None = None) -> None:
+    """Refuse `out` (OutputError) if writing it could lose anything; see the module's rules.
+
+    same_as: the text a file output will hold, if known: a file that holds exactly that
+    already loses nothing (`write_text` leaves it as it is).
+    """
+    check_place(out, inputs)
+    if not out.path.exists() and not out.path.is_symlink():
+        return
+    if out.path.is_symlink():
+        raise out.refuse("is a symbolic link: not replacing it")
+    if out.is_dir and out.path.is_dir() and not any(out.path.iterdir()):
+        return  # an empty directory holds nothing to lose
+    if same_as is not None and out.path.is_file() and _sha256(out.path) == _text_sha256(same_as):
+        return  # it holds what would be written: nothing to lose
+    kind = "directory" if out.is_dir else "file"
+    if out.is_dir != out.path.is_dir():
+        raise out.refuse(f"exists and is not a {kind}: not replacing it")
+    strangers = _foreign_entries(out) if out.is_dir else []
+    if strangers:
+        raise out.refuse(f"holds files {out.command} did not write ({_listed(strangers)}): not "
+                         f"replacing it, even with {out.force_flag}")
+    if not owned(out):
+        raise out.refuse(f"exists and is not an output of {out.command} (it has no "
+                         f"{_marker_name(out)}): not replacing it, even with {out.force_flag}")
+    if not out.force:
+        raise out.refuse(f"exists (an earlier output of {out.command}): add {out.force_flag} "
+                         "to replace it")
+
+
+def check_place(out: Output, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
+    """The rules on where an output may go, whatever is there now: never a run directory
+    or checkpoints folder, an input or a path around one, or under a file."""
+    run = _run_directory(out.path)
+    if run is not None:
+        raise out.refuse(f"is {run}: never an output of {out.command}; name a new path")
+    _check_against_inputs(out, [Path(p) for p in inputs if p])
+    _check_parent(out)
+
+
+def check_folder(out: Output, inputs: Iterable[str | os.PathLike | None], ours: Callable[[str], bool]) -> None:
+    """Refuse a folder a command adds entries to (the prepared-data cache) if it is a file,
+    cannot be made or written, is or holds an input, is a run directory, or holds entries
+    whose names `ours` does not recognise: the command replaces none of them, but a
+    folder of the user's is not a cache."""
+    run = _run_directory(out.path)
+    if run is not None:
+        raise out.refuse(f"is {run}: name a folder of its own")
+    _check_against_inputs(out, [Path(p) for p in inputs if p])
+    if not out.path.exists():
+        _check_parent(out)
+        return
+    if not out.path.is_dir():
+        raise out.refuse("exists and is not a folder")
+    if not os.access(out.path, os.W_OK | os.X_OK):
+        return  # a shared, read-only cache still serves what it holds
+    strangers = sorted(p.name for p in out.path.iterdir() if not ours(p.name))
+    if strangers:
+        raise out.refuse(f"holds files {out.command} did not write ({_listed(strangers)}): name an "
+                         "empty or new folder")
+
+
+def check_input(value: str | os.PathLike | None, key: str, is_dir: bool = False) -> None:
+    """Refuse, naming the key, an input path that is missing or of the wrong kind."""
+    if value is None:
+        return
+    path = Path(value).expanduser()
+    kind = "directory" if is_dir else "file"
+    if not path.exists():
+        raise ConfigError(f"{key}={value}: no such {kind}")
+    if path.is_dir() != is_dir:
+        raise ConfigError(f"{key}={value}: is {'not ' if is_dir else ''}a directory; give a {kind}")
+
+
+def owned(out: Output) -> bool:
+    """Whether `out.path` is what `out.command` wrote there (and, for a file, unchanged)."""
+    if out.is_dir:
+        marker = _read_json(out.path / DIR_MARKER)
+        if marker.get("command") == out.command:
+            return True
+        return out.owned_before is not None and out.owned_before(out.path)
+    entry = _read_json(out.path.parent / FILE_MARKERS).get(out.path.name, {})
+    return entry.get("command") == out.command and entry.get("sha256") == _sha256(out.path)
+
+
+def _foreign_entries(out: Output) -> list[str]:
+    """The entries of a directory the command marked as its own that it did not write
+    (a user's file put there since); [] for a directory without its marker."""
+    marker = _read_json(out.path / DIR_MARKER)
+    if marker.get("command") != out.command or not isinstance(marker.get("files"), list):
+        return []
+    return sorted(p.name for p in out.path.iterdir() if p.name not in {*marker["files"], DIR_MARKER})
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def _marker_name(out: Output) -> str:
+    return f"{DIR_MARKER} marker" if out.is_dir else f"entry in {FILE_MARKERS} with its digest"
+
+
+def _resolved(p: Path) -> Path:
+    return p.expanduser().resolve(strict=False)
+
+
+def _check_against_inputs(out: Output, inputs: list[Path]) -> None:
+    target = _resolved(out.path)
+    for given in inputs:
+        src = _resolved(given)
+        if target == src:
+            raise out.refuse(f"is an input of this command ({given}): name another output")
+        if src in target.parents:
+            raise out.refuse(f"is inside an input of this command ({given}): name another output")
+        if target in src.parents:
+            raise out.refuse(f"holds an input of this command ({given}): name another output")
+
+
+def _run_directory(path: Path) -> str | None:
+    """What makes `path` a run directory or a run's checkpoints folder, if it is one."""
+    if not path.is_dir():
+        return None
+    if (path / "checkpoints").is_dir() or (path / "train.log").is_file() or (path / ".lock").exists():
+        return "a run directory"
+    if path.name == "checkpoints" and _run_directory(path.parent) is not None:
+        return "a run's checkpoints folder"
+    if any(p.name.startswith("step_") and p.is_dir() for p in path.iterdir()):
+        return "a checkpoints folder"
+    return None
+
+
+def _check_parent(out: Output) -> None:
+    """The nearest existing ancestor must be a folder this process may write in."""
+    parent = out.path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise out.refuse(f"cannot be made: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise out.refuse(f"cannot be written: no permission to write in {parent}")
+
+
+# --- writing ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def write_dir(out: Output) -> Iterator[Path]:
+    """Yield a temporary sibling path (not yet made) to fill; when the block ends without
+    an error, mark it as `out.command`'s and put it in place of `out.path`."""
+    tmp = out.path.with_name(f"{out.path.name}.tmp-{os.getpid()}")
+    try:
+        _make_parents(out)
+        shutil.rmtree(tmp, ignore_errors=True)  # this process's own leftover name
+        yield tmp
+        tmp.mkdir(exist_ok=True)
+        marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
+        (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
+        check(out)  # again: something may have appeared meanwhile
+        _swap(tmp, out)
+    except UserFileError:
+        raise
+    except OSError as e:
+        raise file_error(e, out.path, "write", out.key) from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def write_file(out: Output) -> Iterator[Path]:
+    """Yield a temporary sibling path (same suffix) to write; when the block ends without
+    an error, put it in place of `out.path` and record it in the folder's marker."""
+    tmp = out.path.with_name(f".{out.path.stem}.tmp-{os.getpid()}{out.path.suffix}")
+    try:
+        _make_parents(out)
+        yield tmp
+        check(out)
+        digest = _sha256(tmp)
+        _swap(tmp, out)
+        _record(out.path, {"command": out.command, "sha256": digest})
+    except UserFileError:
+        raise
+    except OSError as e:
+        raise file_error(e, out.path, "write", out.key) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(out: Output, text: str) -> Path:
+    """`text` (UTF-8) written to `out` as `write_file` does (a file that holds exactly
+    `text` already is left as it is); returns the path."""
+    if out.path.is_file() and not out.path.is_symlink() and _sha256(out.path) == _text_sha256(text):
+        return out.path
+    with write_file(out) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return out.path
+
+
+def _make_parents(out: Output) -> None:
+    out.path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _swap(tmp: Path, out: Output) -> None:
+    """Rename tmp to out.path; what was there (checked: ours, or empty) is moved aside first
+    and deleted last."""
+    old = out.path.with_name(f"{out.path.name}.old-{os.getpid()}")
+    if out.path.exists():
+        out.path.rename(old)
+    tmp.rename(out.path)
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
+
+
+def _record(path: Path, entry: dict) -> None:
+    """Note in the folder's marker that `path` is the command's; written atomically."""
+    markers = path.parent / FILE_MARKERS
+    known = _read_json(markers)
+    known[path.name] = entry
+    tmp = markers.with_name(f"{markers.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    tmp.replace(markers)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):  # none, unreadable or damaged: nothing is known to be ours
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
