@@ -106,7 +106,8 @@ def run_clients(groups: list[tuple[int, list[str], Tally]], url: str, seconds: f
 
 
 def load_line() -> str:
-    return "load average %.2f %.2f %.2f" % os.getloadavg()
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def offline_speed(checkpoint: str, lines: list[str], threads: int) -> list[tuple[str, str, float]]:

@@ -14,8 +14,9 @@ Around LibreTranslate 1.9.6 it adds:
   (503 past it), short requests first; long requests (more than one chunk) at most
   --threads - 2 at a time (503 past it), so two request threads are always free;
 - privacy: Argos's INFO log (every request's text) is off unless MT_SERVE_DEBUG=1;
-- nothing leaves the machine: onnxruntime's telemetry off (ORT_DISABLE_TELEMETRY), and
-  any Python socket that would reach past loopback refused;
+- nothing leaves the machine: onnxruntime (which phones home) never loaded, its telemetry
+  off should anything load it (ORT_DISABLE_TELEMETRY), and any Python socket that would
+  reach past loopback refused;
 - hygiene: a busy port is one line before anything loads; the server gets SIGTERM when
   the script that started it dies (however), and deletes the scratch folder the script
   made (MT_SERVE_CLEANUP, marked as the script's) when it stops.
@@ -27,6 +28,7 @@ import atexit
 import ctypes
 import errno
 import importlib
+import importlib.machinery
 import io
 import ipaddress
 import json
@@ -38,6 +40,7 @@ import signal
 import socket
 import sys
 import threading
+import types
 from pathlib import Path
 
 PROG = "serve_libretranslate"
@@ -50,10 +53,27 @@ def fail(message: str) -> None:
 
 
 # --- nothing leaves the machine -------------------------------------------------------
-# onnxruntime (imported by argostranslate through minisbd, unused here: the package splits
-# sentences with spaCy) sends telemetry to mobile.events.data.microsoft.com from C++ when
-# imported; this variable turns it off. It must be set before the import.
+# onnxruntime, imported by argostranslate through minisbd (MiniSBD, a sentence splitter this
+# server does not use: the package splits with spaCy), sends telemetry to
+# mobile.events.data.microsoft.com when imported and writes a session file to $TMPDIR and
+# state to ~/.cache. It is kept out of the process: minisbd imports it at the top but uses
+# it only to split sentences, and then the stand-in below says why it cannot. The
+# variable turns the telemetry off should anything load the real one.
 os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+
+
+class SwitchedOff(types.ModuleType):
+    """A module that cannot be used: any of its names is an ImportError saying why."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # probes such as hasattr(m, "__file__") get their usual answer
+            raise AttributeError(name)
+        raise ImportError(f"{self.__name__} is switched off in this server (it phones home); "
+                          "MiniSBD sentence splitting needs it: keep ARGOS_CHUNK_TYPE=SPACY")
+
+
+sys.modules["onnxruntime"] = SwitchedOff("onnxruntime")
+sys.modules["onnxruntime"].__spec__ = importlib.machinery.ModuleSpec("onnxruntime", None)
 
 
 def is_loopback(host) -> bool:
@@ -136,6 +156,7 @@ from transformer.serving import Budget, FairTranslator, Refused, ServeLimits  # 
 lt_main = importlib.import_module("libretranslate.main")
 from argostranslate import settings as argos_settings  # noqa: E402
 from argostranslate import translate as argos  # noqa: E402
+from werkzeug.exceptions import HTTPException  # noqa: E402
 
 DEBUG = os.environ.get("MT_SERVE_DEBUG", "0") not in ("", "0")
 # Argos logs every request's text (lines, sentences, pieces, translations) at INFO
@@ -281,8 +302,10 @@ class Server:
         self.request.budget, self.request.prepared, self.request.slot = Budget(self.limits), {}, False
         if not data or not isinstance(data.get("q"), str | list):
             return None
-        pair = next((t for t in translations() if (t.pkg.from_code, t.pkg.to_code) ==
-                     (data.get("source"), data.get("target"))), None)
+        source, target = data.get("source"), data.get("target")
+        # source=auto: LibreTranslate detects it later; counted with a package into `target`
+        pair = next((t for t in translations() if t.pkg.to_code == target and
+                     source in (t.pkg.from_code, "auto")), None)
         if pair is None:
             return None
         seen = set()
@@ -359,7 +382,10 @@ def guard(app, server: Server):
             if why:
                 return answer(respond, 400, f"Invalid request: {why}")
         elif environ.get("PATH_INFO", "").endswith("/translate"):
-            data = form_request(environ, body)
+            try:
+                data = form_request(environ, body)
+            except HTTPException:  # a form werkzeug cannot read: LibreTranslate answers it (4xx)
+                data = None
         try:
             if environ.get("PATH_INFO", "").endswith("/translate") and isinstance(data, dict):
                 busy = server.begin(data)

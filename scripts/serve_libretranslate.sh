@@ -32,9 +32,16 @@ LT_PACKAGES=(libretranslate==1.9.6 spacy==3.8.18)
 
 die() { echo "serve_libretranslate: error: $*" >&2; exit 1; }
 
+# onnxruntime (which argostranslate and libretranslate import through minisbd, for a sentence
+# splitter this project does not use) sends telemetry to mobile.events.data.microsoft.com
+# when imported, unless this is set. The server does not even load it.
+export ORT_DISABLE_TELEMETRY=1
+
 setup_venv() {
-  if [[ -x "$VENV/bin/libretranslate" && -x "$VENV/bin/python" ]] \
-      && "$VENV/bin/python" -c "import spacy, argostranslate, libretranslate" 2>/dev/null; then
+  # find_spec, not import: importing libretranslate loads onnxruntime
+  if [[ -x "$VENV/bin/libretranslate" && -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c \
+      "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('spacy', 'argostranslate', 'libretranslate'))))" \
+      2>/dev/null; then
     return
   fi
   echo "serve_libretranslate: building LibreTranslate's venv in $VENV" >&2
@@ -136,9 +143,10 @@ export ARGOS_CHUNK_TYPE=SPACY            # MiniSBD and Stanza would download mod
 export ARGOS_COMPUTE_TYPE=default        # the weights' own type (argostranslate's "auto" is int8)
 export ARGOS_DEVICE_TYPE="${ARGOS_DEVICE_TYPE:-cpu}"
 export STANZA_RESOURCES_DIR="$HOME_DIR/stanza" HF_HUB_OFFLINE=1 PIP_NO_INDEX=1
-# onnxruntime (argostranslate imports it through minisbd; unused with SPACY chunking) sends
-# telemetry to mobile.events.data.microsoft.com when imported, unless this is set.
-export ORT_DISABLE_TELEMETRY=1
+# onnxruntime also writes a session file to $TMPDIR when imported: should anything load it,
+# into the scratch folder
+export TMPDIR="$HOME_DIR/tmp"
+mkdir -p "$TMPDIR"
 "$VENV/bin/python" -c 'import sys; from argostranslate import package; package.install_from_path(sys.argv[1])' \
   "$PACKAGE" || die "$PACKAGE: argostranslate could not install it"
 

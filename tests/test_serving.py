@@ -155,7 +155,7 @@ def test_a_failing_call_fails_its_requests_and_the_workers_go_on(scripted):
 def test_the_budget_refuses_a_request_over_its_sentences_or_pieces():
     budget = Budget(ServeLimits(max_sentences=10, max_pieces=100))
     budget.charge(10, 100)
-    with pytest.raises(Refused, match="11 sentences .* exceed the limit of 10") as e:
+    with pytest.raises(Refused, match=r"11 sentences .* exceed the limit of 10") as e:
         budget.charge(1, 0)
     assert e.value.status == 400
     budget = Budget(ServeLimits(max_sentences=10, max_pieces=100))

@@ -256,9 +256,10 @@ def offline_argos_env(home: Path) -> dict[str, str]:
             "ARGOS_PACKAGE_INDEX": index.as_uri() + "/", "ARGOS_CHUNK_TYPE": "SPACY",
             "ARGOS_COMPUTE_TYPE": "default", "ARGOS_DEVICE_TYPE": "cpu",
             "STANZA_RESOURCES_DIR": str(home / "stanza"), "HF_HUB_OFFLINE": "1",
-            # onnxruntime, imported by argostranslate through minisbd (unused: SPACY chunking),
-            # sends telemetry to mobile.events.data.microsoft.com unless this is set
-            "ORT_DISABLE_TELEMETRY": "1"}
+            # onnxruntime, imported through minisbd (a sentence splitter the package does not
+            # use), sends telemetry to mobile.events.data.microsoft.com unless this is set, and
+            # writes a session file to $TMPDIR
+            "ORT_DISABLE_TELEMETRY": "1", "TMPDIR": str(home)}
 
 
 def check_with_argostranslate(packed: Path, root: Path) -> None:
