@@ -176,6 +176,7 @@ def limits_from_env(threads: int) -> ServeLimits:
         max_pieces=number("MAX_PIECES", int, ServeLimits.max_pieces),
         chunk_pieces=number("CHUNK_PIECES", int, ServeLimits.chunk_pieces),
         seconds=number("SECONDS", float, ServeLimits.seconds),
+        length_bucket=number("LENGTH_BUCKET", int, ServeLimits.length_bucket),
         workers=argos_settings.inter_threads)
     try:
         limits.check()

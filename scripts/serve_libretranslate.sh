@@ -20,7 +20,9 @@
 # short requests), REQ_LIMIT (requests a minute per client address, LibreTranslate's
 # --req-limit; 0 = none), MAX_SENTENCES (1000 sentences a request, all texts and lines),
 # MAX_PIECES (20000 SentencePiece pieces a request), REQUEST_SECONDS (20: a request not
-# done by then is answered 503), ARGOS_BEAM_SIZE (Argos's 4), ARGOS_INTER_THREADS
+# done by then is answered 503), LENGTH_BUCKET (8: a sentence of n pieces gets at most
+# 1.2 n' + 10, n' = n rounded up to a multiple of it; sentences that share n' share a
+# batch), ARGOS_BEAM_SIZE (Argos's 4), ARGOS_INTER_THREADS
 # (concurrent CTranslate2 calls: the CPU count, at most 8), ARGOS_INTRA_THREADS (1 thread
 # each), MT_SERVE_DEBUG=1 (Argos's log of every request's text; off by default).
 set -euo pipefail
@@ -70,6 +72,7 @@ bounded REQ_LIMIT "${REQ_LIMIT:=0}" 0 1000000
 bounded MAX_SENTENCES "${MAX_SENTENCES:=1000}" 1 100000
 bounded MAX_PIECES "${MAX_PIECES:=20000}" 1 1000000
 bounded REQUEST_SECONDS "${REQUEST_SECONDS:=20}" 1 3600
+bounded LENGTH_BUCKET "${LENGTH_BUCKET:=8}" 1 256
 bounded ARGOS_INTER_THREADS "$ARGOS_INTER_THREADS" 1 64
 bounded ARGOS_INTRA_THREADS "$ARGOS_INTRA_THREADS" 0 64
 bounded ARGOS_BEAM_SIZE "$ARGOS_BEAM_SIZE" 1 16
@@ -154,7 +157,7 @@ mkdir -p "$TMPDIR"
 # answers with our token, so that the readiness check cannot mistake another server for it.
 cd "$HOME_DIR"
 export MT_SERVE_PARENT=$$ MT_SERVE_TOKEN="$$-$RANDOM$RANDOM" MT_SERVE_MAX_SENTENCES="$MAX_SENTENCES"
-export MT_SERVE_MAX_PIECES="$MAX_PIECES" MT_SERVE_SECONDS="$REQUEST_SECONDS"
+export MT_SERVE_MAX_PIECES="$MAX_PIECES" MT_SERVE_SECONDS="$REQUEST_SECONDS" MT_SERVE_LENGTH_BUCKET="$LENGTH_BUCKET"
 LIMITS=(--char-limit "$CHAR_LIMIT" --batch-limit "$BATCH_LIMIT" --alternatives-limit "$ALTERNATIVES_LIMIT" --threads "$THREADS")
 if (( REQ_LIMIT > 0 )); then LIMITS+=(--req-limit "$REQ_LIMIT"); fi
 # LibreTranslate's command behind our checks and fair batching (scripts/libretranslate_guard.py).

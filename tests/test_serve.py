@@ -7,7 +7,7 @@ venv (built by the script if missing; CI builds it first with
 compared with CTranslate2 run directly on our own export (the same weights), with what
 Argos and LibreTranslate do around it spelled out in `expected`: spaCy's sentence split,
 beam 4 and length penalty 0.2, "_" as a space, and LibreTranslate's final touch to
-punctuation and case. Then what the server must hold to under load and abuse: a long
+punctuation and case; and what the server changes: each sentence's length limit. Then what the server must hold to under load and abuse: a long
 request does not stall a short one, bounds answered with a 4xx, a fuzz of malformed
 requests answered with a 4xx, no request text in its log, a busy port refused in one line,
 the server and its folder gone when the script is killed, and no packet off the machine.
@@ -36,10 +36,11 @@ from pathlib import Path
 
 import pytest
 
-from transformer.argos import SPACY_DIR, argos_translate
+from transformer.argos import BEAM_SIZE, LENGTH_PENALTY, SPACY_DIR
 from transformer.config import PROJECT_ROOT
 from transformer.corpus import read_lines
 from transformer.export import ExportConfig, export
+from transformer.serving import ServeLimits, decode_limit
 
 from helpers import SAMPLE, run
 
@@ -177,7 +178,8 @@ def libretranslate_formatting(source: str, translation: str) -> str:
 @pytest.fixture(scope="module")
 def expected(model):
     """What the server should answer for a text: Argos's pipeline around a direct
-    CTranslate2 run of our own export, then LibreTranslate's formatting."""
+    CTranslate2 run of our own export, each sentence alone with the server's length limit
+    (`serving.decode_limit`), then LibreTranslate's formatting."""
     import sentencepiece as spm
 
     _, _, ct2 = model
@@ -185,11 +187,22 @@ def expected(model):
     sp = spm.SentencePieceProcessor(model_file=str(ct2 / "tokenizer.model"))
     nlp = spacy.blank("it")  # what the package holds (checked below) plus Argos's sentencizer
     nlp.add_pipe("sentencizer")
+    limits = ServeLimits()
+
+    def line(sentences: list[str]) -> str:
+        pieces = []
+        for sentence in sentences:
+            tokens = sp.encode(sentence, out_type=str)
+            found = translator.translate_batch([tokens], beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                                               replace_unknowns=True,
+                                               max_decoding_length=decode_limit(len(tokens), limits))
+            pieces += found[0].hypotheses[0]
+        text = sp.decode_pieces(pieces).replace("▁", " ").replace("_", " ")  # as argos_translate
+        return text[1:] if text.startswith(" ") else text
 
     def translate(text: str) -> str:
         text = "\n".join(text.splitlines())  # LibreTranslate normalises a form's line ends
-        paragraphs = [argos_translate(translator, sp, [s.text for s in nlp(p).sents])
-                      for p in text.split("\n")]
+        paragraphs = [line([s.text for s in nlp(p).sents]) for p in text.split("\n")]
         return libretranslate_formatting(text, "\n".join(paragraphs).lstrip("\n"))
 
     return translate

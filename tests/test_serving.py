@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from transformer.serving import Budget, FairTranslator, Refused, ServeLimits, chunks
+from transformer.serving import Budget, FairTranslator, Refused, ServeLimits, chunks, decode_limit
 
 from helpers import tiny_checkpoint
 
@@ -26,6 +26,7 @@ class Scripted:
 
     def __init__(self):
         self.calls: list[list[list[str]]] = []
+        self.limits: list[int] = []
         self.gate = threading.Event()
         self.entered = threading.Semaphore(0)
         self.fail_on: str | None = None
@@ -33,6 +34,7 @@ class Scripted:
     def translate_batch(self, source, target_prefix=None, *, beam_size, num_hypotheses, **kw):
         assert kw["length_penalty"] == 0.2 and beam_size >= max(num_hypotheses, 4)
         self.calls.append([list(s) for s in source])
+        self.limits.append(kw["max_decoding_length"])
         self.entered.release()
         assert self.gate.wait(WAIT)
         if self.fail_on and any(self.fail_on in s for s in source):
@@ -102,6 +104,18 @@ def test_each_sentence_gets_its_own_hypotheses_back_in_request_order(scripted):
     assert all(sum(map(len, call)) <= 6 or len(call) == 1 for call in translator.calls)
 
 
+def test_a_sentence_gets_at_most_a_times_its_length_plus_b_and_batches_share_that_limit(scripted):
+    limits = ServeLimits()
+    assert [decode_limit(n, limits) for n in (1, 8, 9, 16, 200, 400)] == [19, 19, 29, 29, 250, 256]
+    translator, fair, limits = scripted(chunk_pieces=100)
+    translator.gate.set()
+    sentences = [sentence(t, k) for t, k in zip("abcdef", [3, 8, 9, 12, 17, 30])]
+    fair.translate(sentences, 1, Budget(limits))
+    assert sorted(map(len, translator.calls)) == [1, 1, 2, 2]  # 3 and 8, 9 and 12, 17, 30
+    for call, limit in zip(translator.calls, translator.limits):
+        assert {decode_limit(len(s), limits) for s in call} == {limit}
+
+
 def test_a_short_request_goes_before_the_rest_of_a_long_one(scripted):
     translator, fair, limits = scripted(chunk_pieces=4)
     long = in_thread(fair, [sentence(f"L{i}-", 4) for i in range(4)], limits)  # 4 chunks
@@ -168,7 +182,7 @@ def test_the_budget_refuses_a_request_over_its_sentences_or_pieces():
 
 def test_batched_results_equal_each_sentence_translated_alone(tmp_path):
     """With CTranslate2 and a tiny fp32 model (max_positions 300: a random model writes
-    until CTranslate2's 256-token limit): sentences of several requests, batched and cut
+    until its length limit): sentences of several requests, batched and cut
     into chunks, come back as translating each one alone gives them. In fp32 a batch's
     padding changes scores by float rounding only; int8 can turn such a difference into
     another hypothesis where scores nearly tie (as Argos's own batches can): see
@@ -204,6 +218,7 @@ def test_batched_results_equal_each_sentence_translated_alone(tmp_path):
     for request, found in zip(requests, results):
         for s, hyp in zip(request, found):
             alone = translator.translate_batch([s], beam_size=4, num_hypotheses=2, length_penalty=0.2,
-                                               replace_unknowns=True, return_scores=True)[0]
+                                               replace_unknowns=True, return_scores=True,
+                                               max_decoding_length=decode_limit(len(s), limits))[0]
             assert hyp.pieces == alone.hypotheses
             assert hyp.scores == pytest.approx(alone.scores, abs=1e-4)

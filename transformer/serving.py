@@ -5,14 +5,20 @@ nothing but the standard library (the translator it is handed is a
 `ctranslate2.Translator`, or anything with its `translate_batch`).
 
 A request's sentences (all its texts, lines and sentences) are sorted by length and cut
-into chunks of at most `chunk_pieces` source pieces; every chunk is a job on one queue,
-served by `workers` threads, one CTranslate2 call each (the translator's `inter_threads`).
+into chunks of at most `chunk_pieces` source pieces, each chunk of sentences that share a
+length limit; every chunk is a job on one queue, served by `workers` threads, one
+CTranslate2 call each (the translator's `inter_threads`). A sentence of n pieces gets at
+most a·n' + b target pieces (mt-translate's rule, a = 1.2, b = 10, n' = n rounded up to a
+multiple of `length_bucket`) instead of CTranslate2's flat 256, so that what a request
+costs follows its length: text that makes the model babble cannot cost 256 steps a
+sentence.
 The queue is ordered by how much of its request came before the job (least attained
 service first), then by arrival: a one-sentence request goes before the second chunk of
 any long one, so it waits for at most the chunks already running, never for whole long
 requests; long requests share what is left round-robin. A worker fills its call with
 the next jobs of the queue (any request, same search settings) up to `chunk_pieces`, so
-concurrent short requests are decoded as one batch. A request past its deadline is
+concurrent short requests are decoded as one batch (those whose limits agree). A
+request past its deadline is
 answered with `Refused` (503) and its jobs not yet started are dropped.
 """
 
@@ -45,13 +51,29 @@ class ServeLimits:
     chunk_pieces: int = 512  # source pieces a CTranslate2 call takes at most
     seconds: float = 20.0  # a request's time budget, queueing included
     workers: int = 2  # concurrent CTranslate2 calls (the translator's inter_threads)
+    max_len_a: float = 1.2  # a sentence of n pieces gets at most a * n' + b target pieces,
+    max_len_b: int = 10  # as DecodeConfig's (mt-translate's) defaults; CTranslate2's cap is 256
+    length_bucket: int = 8  # n' = n rounded up to a multiple of this: sentences whose n'
+    # agree share a limit, so they can share a batch
 
     def check(self) -> None:
-        for name in ("max_sentences", "max_pieces", "chunk_pieces", "workers"):
+        for name in ("max_sentences", "max_pieces", "chunk_pieces", "workers", "length_bucket"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if not 0 < self.seconds <= 3600:
             raise ValueError(f"seconds={self.seconds}: must be in (0, 3600]")
+        if self.max_len_a < 0 or self.max_len_b < 1:
+            raise ValueError(f"max_len_a={self.max_len_a}, max_len_b={self.max_len_b}: "
+                             "a must be >= 0 and b >= 1")
+
+
+MAX_DECODING = 256  # CTranslate2's default max_decoding_length, Argos's limit
+
+
+def decode_limit(pieces: int, limits: ServeLimits) -> int:
+    """The most target pieces a sentence of `pieces` source pieces may get."""
+    bucket = -(-pieces // limits.length_bucket) * limits.length_bucket
+    return min(MAX_DECODING, int(limits.max_len_a * bucket + limits.max_len_b))
 
 
 class Budget:
@@ -100,26 +122,29 @@ class Hypotheses:
 class _Job:
     priority: tuple[int, int]  # (pieces of its request before it, arrival)
     sentences: list[list[str]] = field(compare=False)
-    options: tuple = field(compare=False)  # (num_hypotheses, beam_size): jobs batch only with their own kind
+    options: tuple = field(compare=False)  # (num_hypotheses, beam_size, length limit): a batch shares them
     prefix: list[str] | None = field(compare=False)
     done: threading.Event = field(compare=False, default_factory=threading.Event)
     result: list[Hypotheses] | None = field(compare=False, default=None)
     error: BaseException | None = field(compare=False, default=None)
     cancelled: bool = field(compare=False, default=False)
+    taken: bool = field(compare=False, default=False)  # in a batch (still in the heap until popped)
 
     @property
     def pieces(self) -> int:
         return sum(len(s) for s in self.sentences)
 
 
-def chunks(lengths: Sequence[int], chunk_pieces: int) -> list[list[int]]:
+def chunks(lengths: Sequence[int], chunk_pieces: int,
+           key: Callable[[int], int] = lambda n: 0) -> list[list[int]]:
     """Indices of sentences grouped into chunks of at most `chunk_pieces` pieces (a longer
-    sentence alone), in order of length so that a chunk pads little."""
+    sentence alone) whose `key` of the length agrees, in order of length so that a chunk
+    pads little."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     groups: list[list[int]] = []
     size = 0
     for i in order:
-        if not groups or size + lengths[i] > chunk_pieces:
+        if not groups or size + lengths[i] > chunk_pieces or key(lengths[i]) != key(lengths[groups[-1][0]]):
             groups.append([])
             size = 0
         groups[-1].append(i)
@@ -150,9 +175,11 @@ class FairTranslator:
         if not sentences:
             return []
         arrival = next(self._arrivals)
-        options = (num_hypotheses, max(num_hypotheses, self.beam_size))
+        beam = max(num_hypotheses, self.beam_size)
+        limit = lambda n: decode_limit(n, self.limits)  # noqa: E731
         jobs, before = [], 0
-        for group in chunks([len(s) for s in sentences], self.limits.chunk_pieces):
+        for group in chunks([len(s) for s in sentences], self.limits.chunk_pieces, limit):
+            options = (num_hypotheses, beam, limit(len(sentences[group[0]])))
             job = _Job((before, arrival), [sentences[i] for i in group], options, prefix)
             before += job.pieces
             jobs.append((group, job))
@@ -182,7 +209,7 @@ class FairTranslator:
 
     def queued(self) -> int:
         with self._cond:
-            return sum(not j.cancelled for j in self._queue)
+            return sum(not (j.cancelled or j.taken) for j in self._queue)
 
     def _cancel(self, jobs: list[_Job]) -> None:
         with self._cond:
@@ -190,11 +217,11 @@ class FairTranslator:
                 job.cancelled = True
 
     def _next_batch(self) -> list[_Job] | None:
-        """The best job of the queue and the jobs after it that fit beside it (same
+        """The best job of the queue and the next best that fit beside it (the same
         options, `chunk_pieces` in all); None once closed."""
         with self._cond:
             while True:
-                while self._queue and self._queue[0].cancelled:
+                while self._queue and (self._queue[0].cancelled or self._queue[0].taken):
                     heapq.heappop(self._queue)
                 if self._stopped:
                     return None
@@ -203,16 +230,15 @@ class FairTranslator:
                 self._cond.wait()
             batch = [heapq.heappop(self._queue)]
             size = batch[0].pieces
-            while self._queue:
-                head = self._queue[0]
-                if head.cancelled:
-                    heapq.heappop(self._queue)
-                    continue
-                if head.options != batch[0].options or head.prefix != batch[0].prefix \
-                        or size + head.pieces > self.limits.chunk_pieces:
+            for job in sorted(self._queue):  # a few dozen jobs at most: the requests in flight
+                if size >= self.limits.chunk_pieces:
                     break
-                batch.append(heapq.heappop(self._queue))
-                size += head.pieces
+                if job.cancelled or job.taken or job.options != batch[0].options \
+                        or job.prefix != batch[0].prefix or size + job.pieces > self.limits.chunk_pieces:
+                    continue
+                job.taken = True
+                batch.append(job)
+                size += job.pieces
             return batch
 
     def _work(self) -> None:
@@ -231,10 +257,11 @@ class FairTranslator:
                 job.done.set()
 
     def _run(self, batch: list[_Job]) -> list[Hypotheses]:
-        num_hypotheses, beam_size = batch[0].options
+        num_hypotheses, beam_size, limit = batch[0].options
         source = [s for job in batch for s in job.sentences]
         prefix = None if batch[0].prefix is None else [batch[0].prefix] * len(source)
         found = self.translator.translate_batch(
             source, target_prefix=prefix, replace_unknowns=True, beam_size=beam_size,
-            num_hypotheses=num_hypotheses, length_penalty=LENGTH_PENALTY, return_scores=True)
+            num_hypotheses=num_hypotheses, length_penalty=LENGTH_PENALTY, return_scores=True,
+            max_decoding_length=limit)
         return [Hypotheses([list(h) for h in r.hypotheses], list(r.scores)) for r in found]
