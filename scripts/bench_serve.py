@@ -153,8 +153,13 @@ def main() -> None:
     lines = [line for line in read_lines(args.input) if line.strip()][: args.sentences]
     if not lines:
         p.error(f"--input {args.input}: no sentences")
-    if translate(args.url, lines[0], args.timeout) != 200:  # warm-up, and is anything there?
-        p.error(f"--url {args.url}: no translation came back")
+    if args.clients or args.worst_clients:  # a warm-up, and is anything there?
+        try:
+            status = translate(args.url, lines[0], args.timeout)
+        except (OSError, ValueError, KeyError) as e:
+            status = e
+        if status != 200:
+            p.error(f"--url {args.url}: no translation came back ({status})")
     print(f"CPU: {describe_cpu()}, {os.cpu_count()} CPUs; {len(lines)} sentences of {args.input.name}, "
           f"{args.seconds:g} s per run")
     if args.clients:

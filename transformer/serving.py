@@ -48,7 +48,7 @@ class ServeLimits:
 
     max_sentences: int = 1000  # sentences a request may hold (all its texts and lines)
     max_pieces: int = 20_000  # source pieces a request may hold
-    chunk_pieces: int = 512  # source pieces a CTranslate2 call takes at most
+    chunk_pieces: int = 256  # source pieces a CTranslate2 call takes at most
     seconds: float = 20.0  # a request's time budget, queueing included
     workers: int = 2  # concurrent CTranslate2 calls (the translator's inter_threads)
     max_len_a: float = 1.2  # a sentence of n pieces gets at most a * n' + b target pieces,
