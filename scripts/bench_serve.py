@@ -14,7 +14,9 @@ Three measurements, each for --seconds seconds or --max-requests requests:
    requests' p50, p95 and worst latency, and what the long requests got (answers by status).
 3. With --checkpoint (a checkpoint or an mt-export directory): how fast `mt-translate`'s
    code (`decoding.translate_lines`, --threads CPU threads) translates the same sentences
-   in one batched call, with Argos's beam (4) and with mt-translate's default (beam 5).
+   in one batched call, with Argos's beam (4) and with mt-translate's default (beam 5);
+   for an export, also how many sentences the server's batching translates as each one
+   alone would be (int8 rounding can differ where hypotheses nearly tie).
 A request that takes longer than --timeout fails. The server must listen on loopback
 (127.0.0.1, ::1, localhost): this script loads no other machine. The server and this script
 share the CPUs; the load average before each run says what else ran.
@@ -125,6 +127,31 @@ def offline_speed(checkpoint: str, lines: list[str], threads: int) -> list[tuple
     return found
 
 
+def batch_agreement(export: Path, lines: list[str]) -> tuple[int, int, str]:
+    """(sentences whose best translation is the same, sentences, compute type) when the
+    server's fair translator batches them (chunks of 256 pieces, its length limits) and
+    when each is translated alone with the same settings: an export's batch noise."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    from transformer.serving import Budget, FairTranslator, ServeLimits, decode_limit
+
+    translator = ctranslate2.Translator(str(export), compute_type="default", inter_threads=2, intra_threads=1)
+    sp = spm.SentencePieceProcessor(model_file=str(export / "tokenizer.model"))
+    sentences = [sp.encode(line, out_type=str) for line in lines]
+    limits = ServeLimits()
+    fair = FairTranslator(translator, limits)
+    try:
+        batched = [h.pieces[0] for h in fair.translate(sentences, 1, Budget(ServeLimits(seconds=3600)))]
+    finally:
+        fair.close()
+    alone = [translator.translate_batch([s], beam_size=4, length_penalty=0.2, replace_unknowns=True,
+                                        max_decoding_length=decode_limit(len(s), limits))[0].hypotheses[0]
+             for s in sentences]
+    same = sum(a == b for a, b in zip(batched, alone))
+    return same, len(sentences), translator.compute_type
+
+
 def ms(x: float) -> str:
     return f"{x * 1e3:.0f}"
 
@@ -191,6 +218,10 @@ def main() -> None:
         print("| search | engine | sentences/s |\n|---|---|---:|")
         for name, engine, speed in offline_speed(args.checkpoint, lines, args.threads):
             print(f"| {name} | {engine} | {speed:.1f} |")
+        if (Path(args.checkpoint) / "export.json").is_file():
+            same, total, kind = batch_agreement(Path(args.checkpoint), lines)
+            print(f"\nBatched by the server's fair translator and alone, {kind}: the same best "
+                  f"translation for {same} of {total} sentences ({100 * same / total:.1f}%)")
 
 
 if __name__ == "__main__":
