@@ -30,11 +30,9 @@ import errno
 import importlib
 import importlib.machinery
 import io
-import ipaddress
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -75,29 +73,11 @@ class SwitchedOff(types.ModuleType):
 sys.modules["onnxruntime"] = SwitchedOff("onnxruntime")
 sys.modules["onnxruntime"].__spec__ = importlib.machinery.ModuleSpec("onnxruntime", None)
 
+# the project's serving modules: standard library only (this runs in LibreTranslate's venv)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from transformer.serve_checks import problem, refuse_outside  # noqa: E402
 
-def is_loopback(host) -> bool:
-    if host in (None, "", "localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def refuse_outside(event: str, args: tuple) -> None:
-    """An audit hook: a Python socket may reach loopback only (a name lookup included)."""
-    if event == "socket.getaddrinfo":
-        host = args[0].decode() if isinstance(args[0], bytes) else args[0]
-    elif event in ("socket.connect", "socket.sendto") and isinstance(args[1], tuple):
-        host = args[1][0]
-    else:
-        return
-    if not is_loopback(host):
-        raise PermissionError(f"{event} to {host}: this server sends nothing off the machine")
-
-
-sys.addaudithook(refuse_outside)
+sys.addaudithook(refuse_outside)  # any Python socket past loopback: PermissionError
 
 
 # --- process hygiene ------------------------------------------------------------------
@@ -148,8 +128,6 @@ atexit.register(remove_scratch)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # atexit runs; so does the script's trap
 check_port(option("host", "127.0.0.1"), int(option("port", "5000")))
 
-# the project's torch-free serving module (this runs in LibreTranslate's venv)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer.serving import Budget, FairTranslator, Refused, ServeLimits  # noqa: E402
 
 # the module: `libretranslate.main` as an attribute is the function it defines
@@ -188,30 +166,6 @@ def limits_from_env(threads: int) -> ServeLimits:
 
 
 # --- requests -------------------------------------------------------------------------
-SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def problem(data: dict) -> str | None:
-    """What is wrong with a JSON request that LibreTranslate would not catch."""
-    q = data.get("q")
-    if q is not None and not isinstance(q, str) and not (
-            isinstance(q, list) and all(isinstance(t, str) for t in q)):
-        return "q must be a string or a list of strings"
-    for key in ("source", "target", "format", "api_key"):
-        if data.get(key) is not None and not isinstance(data[key], str):
-            return f"{key} must be a string"
-    alternatives = data.get("alternatives", 0)
-    if isinstance(alternatives, bool) or not (isinstance(alternatives, int) or (
-            isinstance(alternatives, str) and alternatives.isascii() and alternatives.isdigit())):
-        return "alternatives must be a whole number"
-    for key, value in data.items():
-        for text in value if isinstance(value, list) else [value]:
-            if isinstance(text, str) and (m := SURROGATE.search(text)):
-                return (f"{key} holds a lone surrogate (\\u{ord(m.group()):04x} at character "
-                        f"{m.start()}), which is not Unicode text")
-    return None
-
-
 def form_request(environ: dict, body: bytes) -> dict:
     """q, source and target of a form-encoded request, as LibreTranslate reads them."""
     from werkzeug.wrappers import Request
