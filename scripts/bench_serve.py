@@ -174,9 +174,10 @@ def main() -> None:
     if host not in LOOPBACK:
         p.error(f"--url {args.url}: not a loopback address ({', '.join(LOOPBACK)})")
     if not 0 < args.seconds <= 3600 or not all(1 <= c <= 64 for c in args.clients) \
-            or not 0 <= args.worst_clients <= 64 or not 1 <= args.worst_lines <= 10_000:
+            or not 0 <= args.worst_clients <= 64 or not 1 <= args.worst_lines <= 10_000 \
+            or not 0 < args.timeout <= 600 or not 1 <= args.max_requests <= 10_000_000:
         p.error("--seconds must be in (0, 3600], --clients in [1, 64], --worst-clients in [0, 64], "
-                "--worst-lines in [1, 10000]")
+                "--worst-lines in [1, 10000], --timeout in (0, 600], --max-requests in [1, 1e7]")
     lines = [line for line in read_lines(args.input) if line.strip()][: args.sentences]
     if not lines:
         p.error(f"--input {args.input}: no sentences")
