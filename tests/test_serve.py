@@ -316,8 +316,9 @@ def test_a_long_request_does_not_stall_a_short_one(server):
         c.join(REQUEST_SECONDS)
     assert all(status == 200 for status, _ in short) and set(statuses) == {200}
     waits = sorted(seconds for _, seconds in short)
-    # One by one, four long requests ahead of it: ~4x `alone`. Fair: a chunk at most.
-    assert waits[len(waits) // 2] < alone, (waits, alone)
+    # Line by line, four long requests ahead of it: ~4x `alone` (`alone` was ~2.5 s with
+    # this model). Fair: a chunk at most; 1 s is a margin for a slow, shared machine.
+    assert waits[len(waits) // 2] < max(alone, 1.0), (waits, alone)
 
 
 def test_the_sentence_limit_holds_where_the_source_is_detected(server):
