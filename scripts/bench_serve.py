@@ -127,10 +127,12 @@ def offline_speed(checkpoint: str, lines: list[str], threads: int) -> list[tuple
     return found
 
 
-def batch_agreement(export: Path, lines: list[str]) -> tuple[int, int, str]:
-    """(sentences whose best translation is the same, sentences, compute type) when the
-    server's fair translator batches them (chunks of 256 pieces, its length limits) and
-    when each is translated alone with the same settings: an export's batch noise."""
+def batch_agreement(export: Path, lines: list[str]) -> tuple[int, int, str, float]:
+    """(sentences whose best translation is the same, sentences, compute type, sentences/s
+    batched) when the server's fair translator batches them all as one request (chunks
+    of 256 pieces, its length limits, 2 workers) and when each is translated alone with
+    the same settings: an export's batch noise, and what the server's engine does with
+    everything batched."""
     import ctranslate2
     import sentencepiece as spm
 
@@ -142,14 +144,17 @@ def batch_agreement(export: Path, lines: list[str]) -> tuple[int, int, str]:
     limits = ServeLimits()
     fair = FairTranslator(translator, limits)
     try:
+        fair.translate(sentences[:20], 1, Budget(ServeLimits(seconds=3600)))  # warm-up
+        t0 = time.perf_counter()
         batched = [h.pieces[0] for h in fair.translate(sentences, 1, Budget(ServeLimits(seconds=3600)))]
+        speed = len(sentences) / (time.perf_counter() - t0)
     finally:
         fair.close()
     alone = [translator.translate_batch([s], beam_size=4, length_penalty=0.2, replace_unknowns=True,
                                         max_decoding_length=decode_limit(len(s), limits))[0].hypotheses[0]
              for s in sentences]
     same = sum(a == b for a, b in zip(batched, alone))
-    return same, len(sentences), translator.compute_type
+    return same, len(sentences), translator.compute_type, speed
 
 
 def ms(x: float) -> str:
@@ -220,7 +225,9 @@ def main() -> None:
         for name, engine, speed in offline_speed(args.checkpoint, lines, args.threads):
             print(f"| {name} | {engine} | {speed:.1f} |")
         if (Path(args.checkpoint) / "export.json").is_file():
-            same, total, kind = batch_agreement(Path(args.checkpoint), lines)
+            same, total, kind, speed = batch_agreement(Path(args.checkpoint), lines)
+            print(f"| beam 4, the server's translator (`transformer.serving`), all {total} in one "
+                  f"request | CTranslate2 {kind}, 2 workers x 1 thread | {speed:.1f} |")
             print(f"\nBatched by the server's fair translator and alone, {kind}: the same best "
                   f"translation for {same} of {total} sentences ({100 * same / total:.1f}%)")
 
