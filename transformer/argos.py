@@ -257,7 +257,11 @@ def offline_argos_env(home: Path) -> dict[str, str]:
             "XDG_CACHE_HOME": str(home / "cache"), "ARGOS_PACKAGES_DIR": str(home / "packages"),
             "ARGOS_PACKAGE_INDEX": index.as_uri() + "/", "ARGOS_CHUNK_TYPE": "SPACY",
             "ARGOS_COMPUTE_TYPE": "default", "ARGOS_DEVICE_TYPE": "cpu",
-            "STANZA_RESOURCES_DIR": str(home / "stanza"), "HF_HUB_OFFLINE": "1"}
+            "STANZA_RESOURCES_DIR": str(home / "stanza"), "HF_HUB_OFFLINE": "1",
+            # onnxruntime, imported through minisbd (a sentence splitter the package does not
+            # use), sends telemetry to mobile.events.data.microsoft.com unless this is set, and
+            # writes a session file to $TMPDIR
+            "ORT_DISABLE_TELEMETRY": "1", "TMPDIR": str(home)}
 
 
 def check_with_argostranslate(packed: Path, root: Path) -> None:
