@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer import sentences
 from transformer.checkpoint import META, RUN_CFG, load_model
 from transformer.config import ConfigError
 from transformer.ct2 import require_ctranslate2
@@ -160,9 +161,30 @@ checkpoint=<checkpoint> test_set=...` gives them.
 """
 
 
+def blank_pipeline(prefixes: bool = True):
+    """A blank Italian spaCy pipeline whose tokenizer keeps each of mt-translate's
+    non-breaking prefixes with its full stop as one token (`Sig.`, `ecc.`, `art.`), so that
+    the sentencizer Argos adds does not end a sentence there (its rule: a sentence ends at
+    a `.` `!` `?` token). Special cases are data in the tokenizer's file: no code."""
+    nlp = require_spacy().blank(FROM[0])
+    if prefixes:
+        for line in sentences.prefixes():
+            word = line.split("#")[0].strip()
+            if word not in sentences.WORDS:  # spaCy cannot look at the next word: keep "Io no."
+                nlp.tokenizer.add_special_case(f"{word}.", [{"ORTH": f"{word}."}])
+    return nlp
+
+
+def sentencizer(prefixes: bool = True):
+    """The package's splitter as Argos loads it: `blank_pipeline` plus spaCy's sentencizer."""
+    nlp = blank_pipeline(prefixes)
+    nlp.add_pipe("sentencizer")
+    return nlp
+
+
 def write_sentencizer(path: Path) -> None:
-    """A blank Italian spaCy pipeline at `path` (Argos adds the sentencizer when loading)."""
-    require_spacy().blank(FROM[0]).to_disk(path)
+    """`blank_pipeline` at `path` (Argos adds the sentencizer when loading)."""
+    blank_pipeline().to_disk(path)
 
 
 def export_argos(cfg: ExportConfig) -> Path:
