@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer.argos import SPACY_DIR, argos_translate
+from transformer.argos import SPACY_DIR, argos_translate, sentencizer
 from transformer.config import PROJECT_ROOT
 from transformer.corpus import read_lines
 from transformer.export import ExportConfig, export
@@ -156,8 +156,7 @@ def expected(model):
     _, _, ct2 = model
     translator = ctranslate2.Translator(str(ct2), device="cpu", compute_type="default")
     sp = spm.SentencePieceProcessor(model_file=str(ct2 / "tokenizer.model"))
-    nlp = spacy.blank("it")  # what the package holds (checked below) plus Argos's sentencizer
-    nlp.add_pipe("sentencizer")
+    nlp = sentencizer()  # what the package holds (checked below) plus Argos's sentencizer
 
     def translate(text: str) -> str:
         text = "\n".join(text.splitlines())  # LibreTranslate normalises a form's line ends
