@@ -186,7 +186,8 @@ def test_languages_lists_italian_to_english(server):
 def test_translations_equal_ctranslate2_with_argos_settings(server, expected):
     api = libretranslatepy.LibreTranslateAPI(server)
     texts = [*read_lines(SAMPLE / "dev.it")[:12], "Ciao. Come stai? Bene!",
-             "Prima riga.\nSeconda riga, più lunga della prima.", "il nome_del_file è lungo"]
+             "Prima riga.\nSeconda riga, più lunga della prima.", "il nome_del_file è lungo",
+             "Il Sig. Rossi è qui, p. es. con il Dott. Bianchi. Entra!"]  # split once, not four times
     got = [api.translate(t, "it", "en", timeout=REQUEST_SECONDS) for t in texts]
     want = [expected(t) for t in texts]
     assert got == want
