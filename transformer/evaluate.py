@@ -123,7 +123,8 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     files["report"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     for name in ("BLEU", "chrF2", "TER", "names"):
         print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
-    print(f"{len(src)} sentences ({counts['sentences']} after splitting) in {seconds:.1f} s "
+    split = f"{counts['sentences']} after splitting" if decode.split_sentences else "not split"
+    print(f"{len(src)} sentences ({split}) in {seconds:.1f} s "
           f"({report['sentences_per_second']} sent/s); "
           f"report: {files['report']}")
     return report
