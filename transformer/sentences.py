@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from sentence_splitter import SentenceSplitter
+import sentence_splitter
 
 from transformer.corpus import normalize
 
@@ -49,6 +49,7 @@ NUMERIC_ONLY = (
     "gen", "feb", "mar", "apr", "mag", "giu", "lug", "ago", "set", "ott", "nov", "dic",
     *("no", "No"),  # Moses's English "number", kept in its Italian list: "Io no." ends a sentence
 )
+NUMERIC = "#NUMERIC_ONLY#"
 WORDS = ("no", "No")  # numeric-only prefixes that are common words: the Argos package splits after them
 # Clause boundaries for cutting a sentence too long for the model: after , ; : and before
 # a dash between spaces.
@@ -60,27 +61,29 @@ X = TypeVar("X")
 def prefixes() -> list[str]:
     """Every non-breaking prefix the splitter uses, with " #NUMERIC_ONLY#" where it has one
     (the Moses file format): the library's Italian list, less the words NUMERIC_ONLY makes
-    numeric-only, then EXTRA_PREFIXES and NUMERIC_ONLY. The Argos
-    package's spaCy tokenizer gets the same list (argos.py)."""
-    import sentence_splitter
-
+    numeric-only, then EXTRA_PREFIXES and NUMERIC_ONLY. The Argos package's spaCy
+    tokenizer gets the same list (argos.py)."""
     path = os.path.join(os.path.dirname(sentence_splitter.__file__), "non_breaking_prefixes",
                         f"{LANGUAGE}.txt")
+    own: list[str] = []
     with open(path, encoding="utf-8") as f:
-        own = [line.split("#")[0].strip() for line in f if not line.startswith("#")]
-    own = [p for p in own if p and p not in NUMERIC_ONLY]
-    return [*own, *(p for p in EXTRA_PREFIXES if p not in own),
-            *(f"{p} #NUMERIC_ONLY#" for p in NUMERIC_ONLY)]
+        for line in f:
+            word = line.split("#")[0].strip()
+            if word and word not in NUMERIC_ONLY:
+                own.append(line.strip() if NUMERIC in line else word)
+    words = {line.split("#")[0].strip() for line in own}
+    return [*own, *(p for p in EXTRA_PREFIXES if p not in words),
+            *(f"{p} {NUMERIC}" for p in NUMERIC_ONLY)]
 
 
 @functools.cache
-def _splitter() -> SentenceSplitter:
+def _splitter() -> sentence_splitter.SentenceSplitter:
     # The library reads its prefixes from a file only: write ours to one, once.
     with tempfile.TemporaryDirectory(prefix="mt-prefixes-") as tmp:
         path = os.path.join(tmp, f"{LANGUAGE}.txt")
         with open(path, "w", encoding="utf-8") as f:
             f.write("".join(f"{p}\n" for p in prefixes()))
-        return SentenceSplitter(language=LANGUAGE, non_breaking_prefix_file=path)
+        return sentence_splitter.SentenceSplitter(language=LANGUAGE, non_breaking_prefix_file=path)
 
 
 def split_sentences(text: str) -> list[str]:
