@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformer.checkpoint import save_checkpoint
 from transformer.config import CONFIG_DIR, PROJECT_ROOT, ModelConfig, TrainConfig, to_dataclass
 from transformer.corpus import read_lines
-from transformer.model import build_model
+from transformer.model import Transformer, build_model
 from transformer.tokenizer import Tokenizer, train_tokenizer
 from transformer.train import train
 from transformer.trainer import Trainer
@@ -72,3 +73,25 @@ def tiny_checkpoint(path: Path, seed: int = 0, **model: int) -> Path:
                     max_positions=64) | model
     cfg = ModelConfig(vocab_size=tokenizer.vocab_size, **settings)
     return save_checkpoint(path, build_model(cfg), tokenizer, "", {})
+
+
+@torch.no_grad()
+def end_sentences(model: Transformer, rate: float = 0.1) -> None:
+    """Give EOS a constant logit that beats every other token at about `rate` of the steps,
+    and <pad> one that never does.
+
+    Coordinate 0 of the last LayerNorm's output is made the constant 1 (weight 0, bias 1),
+    and column 0 of the output matrix holds the constants. (Our decoder takes a generated
+    <pad> for padding, CTranslate2 for a token; a trained model never writes it.)
+    """
+    cfg = model.cfg
+    last = model.decoder_norm if cfg.pre_norm else model.decoder_layers[-1].ffn_res.norm
+    last.weight[0], last.bias[0] = 0.0, 1.0
+    model.out_proj.weight[:, 0] = 0.0
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, cfg.vocab_size, (16, 12), generator=g)
+    tgt = torch.randint(4, cfg.vocab_size, (16, 20), generator=g)
+    logits = model(src, tgt)
+    logits[..., [cfg.eos_id, cfg.pad_id]] = -math.inf
+    model.out_proj.weight[cfg.eos_id, 0] = logits.max(-1).values.flatten().quantile(1 - rate)
+    model.out_proj.weight[cfg.pad_id, 0] = -20.0

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer.argos import BEAM_SIZE, LENGTH_PENALTY, SPACY_DIR
+from transformer.argos import BEAM_SIZE, LENGTH_PENALTY, SPACY_DIR, sentencizer
 from transformer.config import PROJECT_ROOT
 from transformer.corpus import read_lines
 from transformer.export import ExportConfig, export
@@ -186,8 +186,7 @@ def expected(model):
     _, _, ct2 = model
     translator = ctranslate2.Translator(str(ct2), device="cpu", compute_type="default")
     sp = spm.SentencePieceProcessor(model_file=str(ct2 / "tokenizer.model"))
-    nlp = spacy.blank("it")  # what the package holds (checked below) plus Argos's sentencizer
-    nlp.add_pipe("sentencizer")
+    nlp = sentencizer()  # what the package holds (checked below) plus Argos's sentencizer
     limits = ServeLimits()
 
     def line(sentences: list[str]) -> str:
@@ -228,7 +227,8 @@ def test_languages_lists_italian_to_english(server):
 def test_translations_equal_ctranslate2_with_argos_settings(server, expected):
     api = libretranslatepy.LibreTranslateAPI(server)
     texts = [*read_lines(SAMPLE / "dev.it")[:12], "Ciao. Come stai? Bene!",
-             "Prima riga.\nSeconda riga, più lunga della prima.", "il nome_del_file è lungo"]
+             "Prima riga.\nSeconda riga, più lunga della prima.", "il nome_del_file è lungo",
+             "Il Sig. Rossi è qui, p. es. con il Dott. Bianchi. Entra!"]  # split once, not four times
     got = [api.translate(t, "it", "en", timeout=REQUEST_SECONDS) for t in texts]
     want = [expected(t) for t in texts]
     assert got == want

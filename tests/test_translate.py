@@ -64,13 +64,13 @@ def test_translate_lines_restores_training_mode(loaded):
     model.eval()
 
 
-def test_too_long_input_is_truncated_with_a_warning(loaded, caplog):
+def test_too_long_input_is_translated_in_pieces_with_a_warning(loaded, caplog):
     model, tokenizer = loaded
-    long_line = " ".join(["Ci vediamo martedì alle due."] * 20)  # > max_len = 32 tokens
+    long_line = " ".join(["Ci vediamo martedì alle due"] * 20)  # one sentence > max_len = 32 tokens
     with caplog.at_level(logging.WARNING):
         out = decoding.translate_lines(model, tokenizer, [long_line], DecodeConfig(**FAST))
     assert len(out) == 1 and out[0]
-    assert "1 input line(s) longer than the model's limit of 32 tokens" in caplog.text
+    assert "1 input line(s) hold a sentence longer than the model's limit of 32 tokens" in caplog.text
 
 
 def test_decode_defaults_depend_on_the_device(monkeypatch):

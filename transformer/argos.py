@@ -18,7 +18,9 @@ and LibreTranslate's fork of it (argos-translate-lt 1.12) read there (`package.P
   "sentencizer" itself, so the package holds a blank Italian pipeline (spaCy's Italian
   tokenizer rules: no statistical model, nothing to download) and not a sentencizer (a
   second one would fail with spaCy's E007). Its default splitters (MiniSBD, Stanza)
-  download models on first use.
+  download models on first use. The tokenizer holds mt-translate's non-breaking prefixes
+  (`sentences.prefixes`) as special cases, so both split at the same places but for the
+  cases docs/decoding.md lists ("Documents: sentence splitting").
 - README.md: the model's settings and scores, the run config, how to serve it.
 
 Argos translates each line ("\n") of a request on its own: spaCy splits it into sentences,
@@ -31,7 +33,7 @@ cuts inputs at 1,024 tokens and writes at most 256; a position past the stored t
 error (LibreTranslate answers HTTP 500). So the package's table has max(max_positions,
 1,024) rows of the same sinusoids: rows below max_positions are the model's own, and a
 sentence longer than the model was trained on gets positions it never saw (a poor
-translation of its end instead of an error; mt-translate cuts such input instead).
+translation of its end instead of an error; mt-translate translates it in pieces instead).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import outputs
+from transformer import outputs, sentences
 from transformer.checkpoint import META, RUN_CFG, load_model
 from transformer.config import ConfigError
 from transformer.ct2 import require_ctranslate2
@@ -131,7 +133,8 @@ format=argos` from `{checkpoint.resolve()}` (CTranslate2 {ct2_version}, weights
 {quantization if quantization != "none" else "float32"}).
 
 Sentence splitting: a blank spaCy Italian pipeline (`spacy/`) with spaCy's rule-based
-sentencizer: set ARGOS_CHUNK_TYPE=SPACY, and ARGOS_COMPUTE_TYPE=default to compute in the
+sentencizer, its tokenizer keeping mt-translate's Italian abbreviations (`Sig.`, `ecc.`,
+`p. es.`) whole: set ARGOS_CHUNK_TYPE=SPACY, and ARGOS_COMPUTE_TYPE=default to compute in the
 weights' own type. Argos searches with beam {BEAM_SIZE} and length penalty
 {LENGTH_PENALTY}; `mt-translate` with beam 5 and GNMT's penalty, so outputs can differ.
 The position table holds {max(model_cfg["max_positions"], CT2_MAX_INPUT)} rows, the
@@ -161,9 +164,30 @@ checkpoint=<checkpoint> test_set=...` gives them.
 """
 
 
+def blank_pipeline(prefixes: bool = True):
+    """A blank Italian spaCy pipeline whose tokenizer keeps each of mt-translate's
+    non-breaking prefixes with its full stop as one token (`Sig.`, `ecc.`, `art.`), so that
+    the sentencizer Argos adds does not end a sentence there (its rule: a sentence ends at
+    a `.` `!` `?` token). Special cases are data in the tokenizer's file: no code."""
+    nlp = require_spacy().blank(FROM[0])
+    if prefixes:
+        for line in sentences.prefixes():
+            word = line.split("#")[0].strip()
+            if word not in sentences.WORDS:  # spaCy cannot look at the next word: keep "Io no."
+                nlp.tokenizer.add_special_case(f"{word}.", [{"ORTH": f"{word}."}])
+    return nlp
+
+
+def sentencizer(prefixes: bool = True):
+    """The package's splitter as Argos loads it: `blank_pipeline` plus spaCy's sentencizer."""
+    nlp = blank_pipeline(prefixes)
+    nlp.add_pipe("sentencizer")
+    return nlp
+
+
 def write_sentencizer(path: Path) -> None:
-    """A blank Italian spaCy pipeline at `path` (Argos adds the sentencizer when loading)."""
-    require_spacy().blank(FROM[0]).to_disk(path)
+    """`blank_pipeline` at `path` (Argos adds the sentencizer when loading)."""
+    blank_pipeline().to_disk(path)
 
 
 def export_argos(cfg: ExportConfig) -> Path:

@@ -311,6 +311,8 @@ class DecodeConfig:
     # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
     # fp32 | fp32 | bf16 | fp16 (CUDA only)
     precision: str = "auto"
+    # split each line into sentences (transformer/sentences.py), translate them, join them again
+    split_sentences: bool = True
 
     def validate(self, prefix: str = "decode") -> None:
         _require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,

@@ -6,6 +6,9 @@ The library behind `mt-translate`, `mt-evaluate` and the trainer's dev BLEU:
     translate_lines(model, tokenizer, ["Ciao!"], DecodeConfig(method="greedy"))  # ["Hi!"]
     translate_nbest(model, tokenizer, lines, DecodeConfig(nbest=3))   # [[(text, score), ...]]
 
+Each line is split into sentences first (`transformer.sentences`; decode.split_sentences)
+and put back together after, so a paragraph translates as its sentences do.
+
 `decode_settings` fills in the device-dependent defaults of a DecodeConfig (precision,
 batch size) and checks the settings against the model, so that what runs is what a
 report says ran.
@@ -38,6 +41,7 @@ from transformer.runtime import (
     resolve_precision,
 )
 from transformer.search import search
+from transformer.sentences import Segments, join_texts, segment
 from transformer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -110,9 +114,14 @@ def translate_nbest(
     device: torch.device | str | None = None,
     progress: bool = False,
     after_batch: Callable[[], object] | None = None,
+    counts: dict[str, int] | None = None,
 ) -> list[list[tuple[str, float]]]:
     """The n-best (text, score) list of every line, in input order.
 
+    Each line is split into sentences (cfg.split_sentences, `sentences.segment`) and a
+    sentence longer than the model's max_positions into pieces; all of them are decoded
+    together and each line's translations joined again (`join_nbest`). `counts`, if given,
+    receives the numbers of lines, sentences and decoded units (sentences and pieces).
     Empty lines are not decoded: they give [("", 0.0)]. Our model is put in eval mode
     for the call and restored afterwards; an exported model (`ct2.CT2Model`) runs its
     own search on the same batches. `after_batch` is called after each decoding batch
@@ -125,9 +134,13 @@ def translate_nbest(
         device = model.device if exported else next(model.parameters()).device
     device = torch.device(device)
     cfg = decode_settings(cfg, device, model)
-    src = encode_sources(tokenizer, lines, model.cfg.max_positions)
+    segs = segment(lines, tokenizer, model.cfg.max_positions, cfg.split_sentences)
+    _warn_long(segs, model.cfg.max_positions)
+    if counts is not None:
+        counts.update(lines=len(lines), sentences=segs.sentences, units=len(segs.ids))
+    src = segs.ids
     check_length_limits(cfg, src, model.cfg.max_positions)
-    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in src]
     todo = [i for i, ids in enumerate(src) if ids]
     lengths = [len(src[i]) for i in todo]
     batches = list(length_batches(lengths, cfg.max_tokens))
@@ -146,7 +159,31 @@ def translate_nbest(
             if after_batch is not None:
                 after_batch()
     bar.close()
-    return results
+    return segs.rejoin(results, join_nbest, [("", 0.0)])
+
+
+def join_nbest(parts: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
+    """The n-best list of a line from those of its sentences: the k-th entry joins the
+    sentences' k-th hypotheses and sums their scores (exact for a line of one sentence)."""
+    if len(parts) == 1:
+        return parts[0]
+    n = min(len(p) for p in parts)
+    return [(join_texts([p[k][0] for p in parts]), sum(p[k][1] for p in parts)) for k in range(n)]
+
+
+def _warn_long(segs: Segments, max_len: int) -> None:
+    """One warning for lines with a sentence cut into pieces, one for any truncated word."""
+    def shown(lines: list[int]) -> str:
+        return ", ".join(str(i + 1) for i in lines[:10]) + (", ..." if len(lines) > 10 else "")
+
+    if segs.cut:
+        log.warning("%d input line(s) hold a sentence longer than the model's limit of %d tokens: "
+                    "translated in pieces cut at clause or word boundaries (line %s)",
+                    len(segs.cut), max_len, shown(segs.cut))
+    if segs.truncated:
+        log.warning("%d input line(s) hold a single word longer than the model's limit of %d "
+                    "tokens: its end was cut off (line %s)", len(segs.truncated), max_len,
+                    shown(segs.truncated))
 
 
 @contextlib.contextmanager
@@ -169,9 +206,10 @@ def translate_lines(
     device: torch.device | str | None = None,
     progress: bool = False,
     after_batch: Callable[[], object] | None = None,
+    counts: dict[str, int] | None = None,
 ) -> list[str]:
     """The best translation of every line, in input order ("" for an empty line)."""
-    nbest = translate_nbest(model, tokenizer, lines, cfg, device, progress, after_batch)
+    nbest = translate_nbest(model, tokenizer, lines, cfg, device, progress, after_batch, counts)
     return [hyps[0][0] for hyps in nbest]
 
 

@@ -130,11 +130,14 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     start = time.perf_counter()
     decode = decode_settings(cfg.decode, device, model)  # device defaults filled in: what runs is what the report says
-    hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress)
+    counts: dict[str, int] = {}
+    hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress,
+                           counts=counts)
     seconds = time.perf_counter() - start
     report = {
         "test_set": cfg.test_set,
         "sentences": len(src),
+        "split_sentences": counts["sentences"],  # what the splitter found in those lines
         **score(hyps, refs, src),
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
         "decode": asdict(decode),
@@ -149,7 +152,9 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     outputs.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     for name in ("BLEU", "chrF2", "TER", "names"):
         print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
-    print(f"{len(src)} sentences in {seconds:.1f} s ({report['sentences_per_second']} sent/s); "
+    split = f"{counts['sentences']} after splitting" if decode.split_sentences else "not split"
+    print(f"{len(src)} sentences ({split}) in {seconds:.1f} s "
+          f"({report['sentences_per_second']} sent/s); "
           f"report: {files['report'].path}")
     return report
 

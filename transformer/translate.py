@@ -6,7 +6,8 @@
     mt-translate checkpoint=EXPORT_DIR input.file=news.it       # a CTranslate2 export (mt-export)
 
 One output line per input line, in input order; an empty input line gives an empty
-output line. With decode.nbest > 1 each input gives nbest lines `i ||| hyp ||| score`
+output line. Each line is split into sentences, which are translated and joined again
+(decode.split_sentences=false feeds every line whole); the summary line on stderr counts both. With decode.nbest > 1 each input gives nbest lines `i ||| hyp ||| score`
 (fairseq's layout, i counting input lines from 0). The library behind it is
 `transformer.decoding` (`translate_lines`, `translate_nbest`).
 
@@ -17,8 +18,10 @@ input itself; missing folders are made. The file is written whole or not at all.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 
 import hydra
@@ -36,6 +39,7 @@ from transformer.config import (
 from transformer.corpus import decode_lines, read_lines
 from transformer.decoding import format_nbest, load_for_inference, translate_nbest
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class InputConfig:
@@ -109,7 +113,10 @@ def translate(cfg: TranslateConfig) -> None:
         raise ConfigError("stdout is closed: add output=FILE")
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     progress = cfg.progress and cfg.input.file is not None
-    nbest = translate_nbest(model, tokenizer, lines, cfg.decode, device, progress)
+    start, counts = time.perf_counter(), {}
+    nbest = translate_nbest(model, tokenizer, lines, cfg.decode, device, progress, counts=counts)
+    log.info("translated %d line(s), %d sentence(s) in %.1f s", counts["lines"],
+             counts["sentences"], time.perf_counter() - start)
     if cfg.decode.nbest > 1:
         write_output(format_nbest(nbest), out)
     else:
