@@ -436,8 +436,12 @@ def test_killing_the_script_stops_the_server_and_removes_its_folder(model, serve
         while alive(servers[0]) or list(scratch.iterdir()):
             assert time.monotonic() < deadline, (alive(servers[0]), list(scratch.iterdir()))
             time.sleep(0.2)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", port))  # free
+        with socket.socket() as s:  # nothing listens on the port: a new server can bind it
+            # SO_REUSEADDR: the finished connections of wait_ready may linger in TIME_WAIT,
+            # which a plain bind also refuses; a listening socket would still be refused
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
     finally:
         stop(proc)
 
