@@ -134,6 +134,17 @@ CPU = Plan(
 )
 
 
+# Top-level modules the GPU image has (read there on 2026-11-26 and in the device tool's
+# KINDS.md) and those the wheels in .gpu/ bring (scripts/gpu_check.sh --pack). Every
+# module-level import of the package must be one or the other, or the check fails on the
+# GPU at its first import (tests/test_gpu_check.py).
+IMAGE_MODULES = {"torch", "numpy", "sentencepiece", "sacrebleu", "safetensors", "tensorboard", "tqdm",
+                 "pyarrow", "matplotlib", "yaml", "pandas", "regex", "requests", "packaging",
+                 "filelock", "huggingface_hub", "xxhash", "psutil", "scipy"}
+PACKED_MODULES = {"hydra", "omegaconf", "antlr4", "datasets", "dill", "multiprocess", "fsspec",
+                  "ctranslate2", "sentence_splitter"}
+
+
 class StepFailed(Exception):
     """A step ran but its result is wrong: the message says what, in one line."""
 
@@ -397,7 +408,8 @@ def step_train(plan: Plan, work: Path, r: dict) -> dict:
     loss = dict(tb_scalars(run_dir, "train/loss"))
     steps = max(loss) if loss else 0
     r["updates"] = steps
-    r["train_hours"] = tb_scalars(run_dir, "train/hours")[-1][1]
+    hours = tb_scalars(run_dir, "train/hours")
+    r["train_hours"] = hours[-1][1] if hours else None
     r["loss_at"] = {s: round(loss[s], 4) for s in plan.loss_points if s in loss}
     rates = [v for s, v in tb_scalars(run_dir, "train/tokens_per_s") if s > 10]  # after warm-up
     r["tokens_per_s_median"] = round(statistics.median(rates)) if rates else None

@@ -11,7 +11,9 @@
 # the work tree. Carry exactly this one ignored path (git-ignored, ~53 MB, under the
 # device tool's 64 MiB):
 #   .gpu/wheels/   wheels of what that image lacks (hydra-core, omegaconf, antlr4, datasets
-#                  and its dill/multiprocess/fsspec, ctranslate2), installed into /tmp at start
+#                  and its dill/multiprocess/fsspec, ctranslate2, sentence-splitter), installed
+#                  into /tmp at start; tests/test_gpu_check.py checks that every module-level
+#                  import of the package is either carried or on the image (IMAGE_MODULES)
 #   .gpu/data/     Tatoeba train (gzip) and dev, tatoeba-test: copied from ../shared/data,
 #                  which does not travel; data.root=.gpu/data points the configs there
 # e.g. run(command="scripts/gpu_check.sh", carry=[".gpu"], timeout_s=560)
@@ -29,7 +31,7 @@ pack() {
                     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
     "$PYTHON" -m pip download -q --no-deps "${platform[@]}" -d "$wheels" \
         hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-        fsspec==2026.9.0 ctranslate2==4.8.5
+        fsspec==2026.9.0 ctranslate2==4.8.5 sentence-splitter==1.4
     "$PYTHON" -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w "$wheels"  # an sdist only
     gzip -c "$shared/tatoeba/train.it" > "$data/tatoeba/train.it.gz"
     gzip -c "$shared/tatoeba/train.en" > "$data/tatoeba/train.en.gz"

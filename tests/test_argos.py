@@ -15,7 +15,7 @@ import pytest
 
 from transformer import argos
 from transformer.config import ConfigError, to_dataclass
-from transformer.export import ExportConfig, ExportError, export
+from transformer.export import ExportConfig, export
 
 from helpers import tiny_checkpoint
 
@@ -95,22 +95,39 @@ def test_argos_translate_joins_sentences_and_writes_underscores_as_spaces():
         "un file nome. Due."
 
 
-def test_output_is_replaced_only_with_force_and_only_if_a_package(exported, tmp_path, monkeypatch):
-    ckpt, _, _ = exported
+def test_output_is_replaced_only_with_force_and_only_if_mt_export_wrote_it(exported, tmp_path, monkeypatch):
+    ckpt, root, _ = exported
+    package = root.parent.parent / "tiny.argosmodel"
     monkeypatch.setattr(argos, "check_with_argostranslate", lambda packed, root: None)  # the fixture ran it
     out = tmp_path / "m.argosmodel"
     out.write_bytes(b"not a zip")
     cfg = ExportConfig(checkpoint=str(ckpt), output=str(out), format="argos")
-    with pytest.raises(ExportError, match="exists: add force=true"):
+    with pytest.raises(ConfigError, match="not an output of mt-export"):
         export(cfg)
     cfg.force = True
-    with pytest.raises(ExportError, match="is not an Argos package: not replacing it"):
+    with pytest.raises(ConfigError, match=r"not an output of mt-export.*even with force=true"):
         export(cfg)
+    assert out.read_bytes() == b"not a zip"
+    # a package from elsewhere (the Argos index, another tool): a package, but not ours
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("other/metadata.json", "{}")
+        z.writestr("other/README.md", "Italian to English, from the Argos index")
+    foreign = out.read_bytes()
+    with pytest.raises(ConfigError, match="not an output of mt-export"):
+        export(cfg)
+    assert out.read_bytes() == foreign
     out.unlink()
+    cfg.force = False
     export(cfg)
-    export(cfg)  # an earlier package: replaced
+    with pytest.raises(ConfigError, match="add force=true"):
+        export(cfg)
+    cfg.force = True
+    export(cfg)  # an earlier package of ours: replaced
     assert argos.is_package(out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.argosmodel"]  # no leftovers
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mt-outputs.json", "m.argosmodel"]  # no leftovers
+    legacy = tmp_path / "legacy.argosmodel"  # written before markers: recognised by its README
+    legacy.write_bytes(package.read_bytes())
+    assert argos.earlier_package(legacy) and not argos.earlier_package(out.with_name("none"))
 
 
 def test_settings_errors_are_one_line_naming_the_key():

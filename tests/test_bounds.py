@@ -64,3 +64,12 @@ def test_decoding_that_would_not_fit_in_free_memory_is_refused_before_the_first_
     assert not searched
     monkeypatch.undo()  # the machine's own free memory: these settings fit
     assert len(decoding.translate_lines(model, tokenizer, lines[:2], DecodeConfig(method="greedy"))) == 2
+
+
+def test_cuda_memory_the_allocator_holds_unused_counts_as_free(monkeypatch):
+    """After training steps PyTorch's allocator keeps most of the card reserved; decoding
+    reuses that pool, so a validation must not be refused for memory it already has."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 60 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * 2**30)
+    assert bounds.available_memory(torch.device("cuda:0")) == (1 + 50) * 2**30

@@ -53,3 +53,29 @@ def test_the_gpu_mode_refuses_a_machine_without_cuda(tmp_path):
                           env={**os.environ, "PYTHON": "python"})
     assert proc.returncode == 2 and "no CUDA device here" in proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_every_module_level_import_of_the_package_reaches_the_gpu_machine():
+    """The GPU machine has no network: a third-party module the package imports at module
+    level must be on its image or in the wheels `--pack` carries (sentence-splitter was
+    neither once, which would have failed every step that imports the trainer)."""
+    import ast
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check import IMAGE_MODULES, PACKED_MODULES
+
+    pack = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    for module in PACKED_MODULES - {"antlr4"}:  # antlr4 is built as a wheel, named otherwise
+        assert module.replace("_", "-").split(".")[0] in pack.replace("_", "-"), module
+    stdlib = set(sys.stdlib_module_names)
+    missing = {}
+    for path in sorted((ROOT / "transformer").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are optional
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                if top not in stdlib and top != "transformer" and top not in IMAGE_MODULES | PACKED_MODULES:
+                    missing.setdefault(top, path.name)
+    assert not missing, f"not on the GPU image nor carried by gpu_check.sh --pack: {missing}"

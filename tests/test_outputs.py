@@ -281,3 +281,25 @@ def test_an_empty_directory_may_be_written_and_a_symlink_never(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "empty")
     with pytest.raises(OutputError, match="symbolic link"):
         outputs.check(Output.of(tmp_path / "link", "-o", "mt-average", is_dir=True))
+
+
+def test_a_users_files_named_like_the_temporary_siblings_survive_a_write(tmp_path):
+    """The temporary and set-aside names (`NAME.tmp-PID`, `NAME.old-PID`) are chosen free:
+    a file of the user's that happens to bear one is never removed or replaced."""
+    import os
+
+    pid = os.getpid()
+    out = Output.of(tmp_path / "out.en", "output", "mt-translate", force=True)
+    folder = Output.of(tmp_path / "avg", "-o", "mt-average", is_dir=True, force=True)
+    theirs = {tmp_path / f".out.tmp-{pid}.en": "a", tmp_path / f"out.en.old-{pid}": "b",
+              tmp_path / f"avg.tmp-{pid}": "c", tmp_path / f"avg.old-{pid}": "d"}
+    for path, text in theirs.items():
+        path.write_text(text)
+    for text in ("first\n", "second\n"):  # the second replaces the first: a set-aside name too
+        outputs.write_text(out, text)
+        with outputs.write_dir(folder) as tmp:
+            tmp.mkdir()
+            (tmp / "w.txt").write_text(text)
+    assert (tmp_path / "out.en").read_text() == "second\n"
+    assert (tmp_path / "avg" / "w.txt").read_text() == "second\n"
+    assert {p: p.read_text() for p in theirs} == theirs

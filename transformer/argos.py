@@ -101,17 +101,16 @@ def is_package(path: Path) -> bool:
         return False
 
 
-def check_output(output: Path, force: bool) -> None:
-    """Refuse an output that exists, unless force=true and it is an earlier package."""
-    if not output.exists() and not output.is_symlink():
-        return
-    if not output.is_file() or output.is_symlink():
-        raise ExportError(f"output={output} exists and is not a file: not replacing it")
-    if not force:
-        raise ExportError(f"output={output} exists: add force=true to replace it")
-    if not is_package(output):
-        raise ExportError(f"output={output} is not an Argos package: not replacing it, even "
-                          "with force=true")
+def earlier_package(path: Path) -> bool:
+    """Whether `path` is a package mt-export wrote before outputs carried markers
+    (`outputs.FILE_MARKERS`): an Argos package whose README says it was exported by us.
+    A package from the Argos index or built elsewhere is not, and is never replaced."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            readmes = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(f"/{README}")]
+            return bool(readmes) and "exported by `mt-export" in z.read(readmes[0]).decode("utf-8", "replace")
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def metadata() -> dict:
@@ -195,8 +194,8 @@ def export_argos(cfg: ExportConfig) -> Path:
     ct2 = require_ctranslate2("mt-export")
     require_spacy()
     output = Path(cfg.output)
-    outputs.check_place(outputs.Output.of(output, "output", "mt-export"), [cfg.checkpoint])
-    check_output(output, cfg.force)
+    out = outputs.Output.of(output, "output", "mt-export", force=cfg.force, owned_before=earlier_package)
+    outputs.check(out, [cfg.checkpoint])  # the one output rule (outputs.py), before any work
     model, tokenizer = load_model(cfg.checkpoint)
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     converter = ArgosConverter.from_model(model, pieces)
@@ -220,8 +219,8 @@ def export_argos(cfg: ExportConfig) -> Path:
                 z.write(f, f.relative_to(root.parent).as_posix())
         if importlib.util.find_spec("argostranslate") is not None:
             check_with_argostranslate(packed, root)
-        check_output(output, cfg.force)  # again: something may have appeared meanwhile
-        os.replace(packed, output)
+        with outputs.write_file(out) as tmp_out:  # checked again, swapped in, recorded as ours
+            os.replace(packed, tmp_out)
     log.info("wrote %s (%s, %.1f MB)", output, cfg.quantization, output.stat().st_size / 1e6)
     return output
 

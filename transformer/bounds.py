@@ -36,11 +36,14 @@ def worker_limit() -> int:
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new allocations now: CUDA's free memory, or Linux's MemAvailable;
-    None where it cannot be known (then nothing is refused)."""
+    """Bytes free for new allocations now: on CUDA the device's free memory plus what
+    PyTorch's allocator holds reserved but unused (after training steps that pool can be
+    most of the card, and a decoding batch reuses it), else Linux's MemAvailable; None where
+    it cannot be known (then nothing is refused)."""
     if device.type == "cuda":
         try:
-            return torch.cuda.mem_get_info(device)[0]
+            unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return torch.cuda.mem_get_info(device)[0] + unused
         except RuntimeError:
             return None
     try:

@@ -32,8 +32,9 @@ How a DecodeConfig becomes `Translator.translate_batch` arguments:
   num_hypotheses; search.py (fairseq's rule) goes on until K hypotheses have finished.
   1e-6 turns that exit off, leaving "K finished" as the rule, and |y| ** 1e-6 is
   multiplied back out of the scores.
-- max_input_length = the model's max_positions: inputs are cut there by `encode_sources`, as
-  for our model; CTranslate2 refuses positions past the stored table.
+- max_input_length = the model's max_positions: a longer sentence reaches the model in
+  pieces cut at clauses, then words (`sentences.segment`), as for our model; CTranslate2
+  refuses positions past the stored table.
 - decode.precision does not apply: the weights' type is the export's quantization (the
   Translator's compute_type "default"); decode.max_tokens batches as for our model.
 

@@ -12,8 +12,9 @@ What it respects, each checked by tests/test_export.py:
   from position 0) is stored in the spec, `max_positions` rows. CTranslate2's own table puts
   the sines in the first half and the cosines in the second, counts from position 1 and
   steps its frequencies by log(1e4) / (D/2 - 1): another function. It refuses positions
-  past the stored rows, so inputs are cut to max_positions (`decoding.encode_sources`) and
-  decoding lengths capped below it (`search.max_lengths`), as with our model.
+  past the stored rows, so a sentence longer than max_positions is translated in pieces
+  cut at clauses, then words (`sentences.segment`), and decoding lengths are capped below
+  it (`search.max_lengths`), as with our model.
 - Post-norm or pre-norm (the spec's pre_norm; pre-norm adds the final encoder and
   decoder LayerNorms), tied or untied embeddings (all three matrices are written;
   CTranslate2 stores equal variables once), embeddings scaled by sqrt(D)

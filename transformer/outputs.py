@@ -1,7 +1,8 @@
 """One rule for every output a command writes: nothing a user owns is ever overwritten.
 
-The outputs: an average's checkpoint directory (mt-average), an export (mt-export), a
-translation (mt-translate), an evaluation's files (mt-evaluate), a picture (mt-masks).
+The outputs: an average's checkpoint directory (mt-average), an export or an Argos
+package (mt-export), a translation (mt-translate), an evaluation's files (mt-evaluate), a
+picture (mt-masks).
 (Training's run directory has its own rules, `rundir.py`; the prepared-data cache is a
 folder of entries named by their content, checked by `check_folder`.) Each command calls
 `check` on each of its outputs before any work starts, and it refuses, in one line
@@ -13,9 +14,10 @@ naming the key the user typed:
 - an output equal to, inside, or a parent of one of the command's inputs;
 - a run directory (`checkpoints/`, `train.log`, a `.lock`) or a run's checkpoints folder;
 - a path under a file, or under a folder that cannot be written.
-Then `write_dir` and `write_file` write to a temporary sibling (`NAME.tmp-PID`) that is
-renamed into place only when complete; an earlier output being replaced is moved to
-`NAME.old-PID` first and deleted last, so a failure or Ctrl-C leaves it whole.
+Then `write_dir` and `write_file` write to a temporary sibling (`NAME.tmp-PID`, a name
+nothing holds yet) that is renamed into place only when complete; an earlier output being
+replaced is moved to a free `NAME.old-PID` first and deleted last, so a failure or Ctrl-C
+leaves it whole, and no name the command did not make is ever removed.
 """
 
 from __future__ import annotations
@@ -222,10 +224,9 @@ def _check_parent(out: Output) -> None:
 def write_dir(out: Output) -> Iterator[Path]:
     """Yield a temporary sibling path (not yet made) to fill; when the block ends without
     an error, mark it as `out.command`'s and put it in place of `out.path`."""
-    tmp = out.path.with_name(f"{out.path.name}.tmp-{os.getpid()}")
+    tmp = _free_sibling(out.path, f"{out.path.name}.tmp-{os.getpid()}")
     try:
         _make_parents(out)
-        shutil.rmtree(tmp, ignore_errors=True)  # this process's own leftover name
         yield tmp
         tmp.mkdir(exist_ok=True)
         marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
@@ -244,7 +245,7 @@ def write_dir(out: Output) -> Iterator[Path]:
 def write_file(out: Output) -> Iterator[Path]:
     """Yield a temporary sibling path (same suffix) to write; when the block ends without
     an error, put it in place of `out.path` and record it in the folder's marker."""
-    tmp = out.path.with_name(f".{out.path.stem}.tmp-{os.getpid()}{out.path.suffix}")
+    tmp = _free_sibling(out.path, f".{out.path.stem}.tmp-{os.getpid()}", out.path.suffix)
     try:
         _make_parents(out)
         yield tmp
@@ -270,6 +271,15 @@ def write_text(out: Output, text: str) -> Path:
     return out.path
 
 
+def _free_sibling(path: Path, stem: str, suffix: str = "") -> Path:
+    """A name beside `path` that nothing holds now: `stem+suffix`, else `stem.N+suffix`
+    (a user's file that happens to bear the first name is never touched)."""
+    candidate, n = path.with_name(stem + suffix), 1
+    while candidate.exists() or candidate.is_symlink():
+        candidate, n = path.with_name(f"{stem}.{n}{suffix}"), n + 1
+    return candidate
+
+
 def _make_parents(out: Output) -> None:
     out.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -277,7 +287,7 @@ def _make_parents(out: Output) -> None:
 def _swap(tmp: Path, out: Output) -> None:
     """Rename tmp to out.path; what was there (checked: ours, or empty) is moved aside first
     and deleted last."""
-    old = out.path.with_name(f"{out.path.name}.old-{os.getpid()}")
+    old = _free_sibling(out.path, f"{out.path.name}.old-{os.getpid()}")
     if out.path.exists():
         out.path.rename(old)
     tmp.rename(out.path)
@@ -292,7 +302,7 @@ def _record(path: Path, entry: dict) -> None:
     markers = path.parent / FILE_MARKERS
     known = _read_json(markers)
     known[path.name] = entry
-    tmp = markers.with_name(f"{markers.name}.tmp-{os.getpid()}")
+    tmp = _free_sibling(markers, f"{markers.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
     tmp.replace(markers)
 
