@@ -96,8 +96,11 @@ if [[ -z "$HOME_DIR" ]]; then
   HOME_DIR="$(mktemp -d -t mt-serve-XXXXXX)"; CLEAN_HOME=1
   echo "$$" > "$HOME_DIR/.mt-serve-owner"  # the server deletes a folder so marked when it stops
   export MT_SERVE_CLEANUP="$HOME_DIR"
+elif [[ -e "$HOME_DIR" && ! -e "$HOME_DIR/.mt-serve-home" ]] && [[ -n "$(ls -A "$HOME_DIR" 2>/dev/null || echo x)" ]]; then
+  # a folder of the user's: this script writes its index, packages and caches there
+  die "MT_SERVE_HOME=$HOME_DIR holds files this script did not write: name a new or empty folder"
 fi
-mkdir -p "$HOME_DIR"
+mkdir -p "$HOME_DIR" && touch "$HOME_DIR/.mt-serve-home"
 SERVER=""
 cleanup() {
   if [[ -n "$SERVER" ]] && kill -0 "$SERVER" 2>/dev/null; then
@@ -126,8 +129,8 @@ elif [[ -d "$SOURCE" ]]; then
     [[ -d "$CHECKPOINT" ]] || die "export $SOURCE was made from $CHECKPOINT, which is gone: serve a checkpoint or an .argosmodel"
   fi
   PACKAGE="$HOME_DIR/$(basename "$CHECKPOINT").argosmodel"
-  rm -f "$PACKAGE"
-  "$MT_EXPORT" "checkpoint=$CHECKPOINT" "output=$PACKAGE" format=argos "quantization=$QUANT"
+  # force=true replaces only a package mt-export wrote there before (its output rule)
+  "$MT_EXPORT" "checkpoint=$CHECKPOINT" "output=$PACKAGE" format=argos "quantization=$QUANT" force=true
 else
   die "$SOURCE: expected a checkpoint directory, an mt-export directory or a .argosmodel file"
 fi

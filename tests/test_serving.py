@@ -7,8 +7,12 @@ paper; the results against CTranslate2 itself on a tiny export.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -222,3 +226,24 @@ def test_batched_results_equal_each_sentence_translated_alone(tmp_path):
                                                max_decoding_length=decode_limit(len(s), limits))[0]
             assert hyp.pieces == alone.hypotheses
             assert hyp.scores == pytest.approx(alone.scores, abs=1e-4)
+
+
+def test_the_script_refuses_a_serve_home_holding_the_users_files(tmp_path):
+    """MT_SERVE_HOME is where the script writes its package, index and caches: a folder
+    that holds files it did not write is refused in one line, before anything is packed,
+    and the files are left as they were."""
+    home = tmp_path / "mine"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    (home / "ckpt.argosmodel").write_text("also mine")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).resolve().parent.parent / "scripts" / "serve_libretranslate.sh"
+    proc = subprocess.run([str(script), str(tmp_path), str(port)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "MT_SERVE_HOME": str(home)})
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"serve_libretranslate: error: MT_SERVE_HOME={home} holds files this "
+                                   "script did not write: name a new or empty folder")
+    assert sorted(p.name for p in home.iterdir()) == ["ckpt.argosmodel", "notes.txt"]
+    assert (home / "ckpt.argosmodel").read_text() == "also mine"
