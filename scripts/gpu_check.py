@@ -233,12 +233,14 @@ def run_step(name: str, cpu: bool, work: Path, log_path: Path, limit: int,
     if rc is None:
         result |= {"status": "failed", "error": f"timed out after {limit} s"}
     elif rc != 0 and "error" not in result:
-        result |= {"status": "failed", "error": f"exit status {rc}: {last_line(log_path)}"}
+        tail = last_line(log_path.read_text(errors="replace"))
+        result |= {"status": "failed", "error": f"exit status {rc}: {tail}"}
     return {"status": result.pop("status", "failed"), "seconds": seconds, **result}
 
 
-def last_line(path: Path) -> str:
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+def last_line(text: str) -> str:
+    """The last non-blank line of `text`, cut to 300 characters (for one-line errors)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""
 
 
@@ -272,8 +274,7 @@ def sh(cmd: list[str], limit: float | None = None, env: dict | None = None) -> s
                           env={**os.environ, **(env or {})})
     print(proc.stdout[-20000:], proc.stderr[-20000:], sep="\n", flush=True)
     if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()] or [""]
-        raise StepFailed(f"`{' '.join(cmd[:4])} ...` exited {proc.returncode}: {tail[-1][:300]}")
+        raise StepFailed(f"`{' '.join(cmd[:4])} ...` exited {proc.returncode}: {last_line(proc.stderr)}")
     return proc.stdout + proc.stderr
 
 
@@ -331,7 +332,7 @@ def step_tests(plan: Plan, work: Path, r: dict) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     print(proc.stdout[-30000:], proc.stderr[-5000:], sep="\n", flush=True)
     if not junit.exists():
-        raise StepFailed(f"pytest wrote no report (exit {proc.returncode}): {last_output_line(proc)}")
+        raise StepFailed(f"pytest wrote no report (exit {proc.returncode}): {last_line(proc.stdout + proc.stderr)}")
     suite = ET.parse(junit).getroot()
     suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -346,11 +347,6 @@ def step_tests(plan: Plan, work: Path, r: dict) -> dict:
     if plan.device == "cuda" and counts["passed"] == 0:
         raise StepFailed("no GPU test ran: every one was skipped")
     return r
-
-
-def last_output_line(proc) -> str:
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()] or [""]
-    return lines[-1][:300]
 
 
 def step_data(plan: Plan, work: Path, r: dict) -> dict:
