@@ -28,12 +28,13 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU
 
+from transformer.commands.export import export
 from transformer.config import DataConfig, DecodeConfig
-from transformer.ct2 import CT2Model
-from transformer.data import load_test_set
-from transformer.decoding import load_for_inference, translate_lines
-from transformer.export import ExportConfig, export
-from transformer.runtime import describe_cpu
+from transformer.data.pipeline import load_test_set
+from transformer.decoding.ct2_model import CT2Model
+from transformer.decoding.text import load_for_inference, translate_lines
+from transformer.deploy.ct2_export import ExportConfig
+from transformer.device import describe_cpu
 
 WARMUP = 50
 

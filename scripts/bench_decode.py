@@ -1,9 +1,9 @@
 """Decoding speed: cached greedy and beam search against naive re-decoding of the prefix.
 
 "Naive" is what `torch.nn.Transformer` users usually write: at every step the whole
-decoder re-runs over BOS + all tokens so far (`use_cache=False` in transformer/search.py),
+decoder re-runs over BOS + all tokens so far (`use_cache=False` in transformer/decoding/search.py),
 projecting only the last position onto the vocabulary. "Cached" feeds one new token per
-step and keeps every layer's keys and values (transformer/model.py's DecoderCache).
+step and keeps every layer's keys and values (transformer/model/transformer.py's DecoderCache).
 
 Two regimes, in one process: length-sorted batches of at most --max-tokens source tokens
 (translating a file, mt-translate's default), and one sentence at a time (interactive
@@ -37,16 +37,17 @@ from omegaconf import OmegaConf
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer.attention import set_attention_path
-from transformer.batching import length_batches, pad
 from transformer.checkpoint import load_model
 from transformer.config import ModelConfig, to_dataclass
-from transformer.corpus import project_path, read_lines
-from transformer.decoding import encode_sources
-from transformer.model import build_model, count_parameters
-from transformer.runtime import autocast, describe_cpu, keep_large_blocks_in_the_heap
-from transformer.search import beam_search, greedy_search
-from transformer.tokenizer import train_tokenizer
+from transformer.data.batching import length_batches, pad
+from transformer.data.corpus import read_lines
+from transformer.data.tokenizer import train_tokenizer
+from transformer.decoding.search import beam_search, greedy_search
+from transformer.decoding.text import encode_sources
+from transformer.device import autocast, describe_cpu, keep_large_blocks_in_the_heap
+from transformer.model.attention import set_attention_path
+from transformer.model.transformer import build_model, count_parameters
+from transformer.paths import project_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    keep_large_blocks_in_the_heap()  # as mt-translate does on CPU (transformer/runtime.py)
+    keep_large_blocks_in_the_heap()  # as mt-translate does on CPU (transformer/device.py)
     model, tokenizer = load_or_build(args)
     lines = read_lines(project_path(args.source))[: args.sentences]
     src = encode_sources(tokenizer, lines, model.cfg.max_positions)

@@ -30,13 +30,13 @@ def child(threads: int, steps: int, sentences: int) -> None:
     import torch  # before `transformer`, which would set OMP_WAIT_POLICY=PASSIVE when unset
     from omegaconf import OmegaConf
 
-    from transformer.batching import TokenBatchSampler, collate, token_lengths
     from transformer.config import DataConfig, DecodeConfig, ModelConfig, to_dataclass
-    from transformer.data import prepare_data
-    from transformer.decoding import translate_lines
-    from transformer.loss import batch_loss
-    from transformer.model import build_model
-    from transformer.runtime import keep_large_blocks_in_the_heap
+    from transformer.data.batching import TokenBatchSampler, collate, token_lengths
+    from transformer.data.pipeline import prepare_data
+    from transformer.decoding.text import translate_lines
+    from transformer.device import keep_large_blocks_in_the_heap
+    from transformer.model.transformer import build_model
+    from transformer.training.loss import batch_loss
 
     keep_large_blocks_in_the_heap()
     torch.set_num_threads(threads)
@@ -89,7 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args.threads, args.steps, args.sentences)
-    from transformer.runtime import describe_cpu
+    from transformer.device import describe_cpu
 
     print(f"CPU: {describe_cpu()}; {args.threads} threads, {args.busy} busy process(es)")
     results: dict[str, list[dict]] = {p: [] for p in args.policies}

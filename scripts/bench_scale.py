@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 import transformer  # noqa: F401  before torch: the OpenMP wait policy training runs under
-from transformer.config import PROJECT_ROOT
-from transformer.corpus import read_lines
-from transformer.runtime import describe_cpu
+from transformer.data.corpus import read_lines
+from transformer.device import describe_cpu
+from transformer.paths import PROJECT_ROOT
 
 SHARED = PROJECT_ROOT.parent / "shared" / "data"
 
@@ -137,7 +137,7 @@ def main() -> None:
             for num_proc in (1, 2):
                 cache = folder / f"cache{num_proc}"
                 prep[num_proc] = run_measured(
-                    [sys.executable, "-m", "transformer.prepare", *data, f"data.num_proc={num_proc}",
+                    [sys.executable, "-m", "transformer.commands.prepare", *data, f"data.num_proc={num_proc}",
                      f"data.cache_dir={cache}"], folder, folder / f"prepare{num_proc}.log")
                 prep[num_proc]["cache_mb"] = du_mb(cache)
                 phases = [line for line in (folder / f"prepare{num_proc}.log").read_text().splitlines()
@@ -147,7 +147,7 @@ def main() -> None:
                 if num_proc == 1:
                     shutil.rmtree(cache)  # one cache on disk at a time
             train = run_measured(
-                [sys.executable, "-m", "transformer.train", *data, f"data.cache_dir={folder / 'cache2'}",
+                [sys.executable, "-m", "transformer.commands.train", *data, f"data.cache_dir={folder / 'cache2'}",
                  "model=small", "model.pre_norm=true", "model.attn_dropout=0", "model.ffn_dropout=0",
                  "optim.lr=2e-3", "optim.warmup_steps=500", f"trainer.max_steps={args.steps}",
                  f"trainer.val_every={args.steps}", "trainer.num_threads=2", "trainer.progress=false",

@@ -36,9 +36,10 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from transformer.config import PROJECT_ROOT, DecodeConfig
-from transformer.corpus import read_lines
-from transformer.runtime import describe_cpu
+from transformer.config import DecodeConfig
+from transformer.data.corpus import read_lines
+from transformer.device import describe_cpu
+from transformer.paths import PROJECT_ROOT
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 FLORES = PROJECT_ROOT.parent / "shared" / "data" / "eval" / "flores200-devtest.it"
@@ -114,7 +115,7 @@ def load_line() -> str:
 
 def offline_speed(checkpoint: str, lines: list[str], threads: int) -> list[tuple[str, str, float]]:
     """(search, engine, sentences/s) of `decoding.translate_lines` on `lines`, after a warm-up."""
-    from transformer.decoding import load_for_inference, translate_lines
+    from transformer.decoding.text import load_for_inference, translate_lines
 
     model, tokenizer, device = load_for_inference(checkpoint, "cpu", threads=threads)
     engine = getattr(model, "engine", f"ours (PyTorch), {threads} threads")
@@ -136,7 +137,7 @@ def batch_agreement(export: Path, lines: list[str]) -> tuple[int, int, str, floa
     import ctranslate2
     import sentencepiece as spm
 
-    from transformer.serving import Budget, FairTranslator, ServeLimits, decode_limit
+    from transformer.deploy.serving import Budget, FairTranslator, ServeLimits, decode_limit
 
     translator = ctranslate2.Translator(str(export), compute_type="default", inter_threads=2, intra_threads=1)
     sp = spm.SentencePieceProcessor(model_file=str(export / "tokenizer.model"))
@@ -226,7 +227,7 @@ def main() -> None:
             print(f"| {name} | {engine} | {speed:.1f} |")
         if (Path(args.checkpoint) / "export.json").is_file():
             same, total, kind, speed = batch_agreement(Path(args.checkpoint), lines)
-            print(f"| beam 4, the server's translator (`transformer.serving`), all {total} in one "
+            print(f"| beam 4, the server's translator (`transformer.deploy.serving`), all {total} in one "
                   f"request | CTranslate2 {kind}, 2 workers x 1 thread | {speed:.1f} |")
             print(f"\nBatched by the server's fair translator and alone, {kind}: the same best "
                   f"translation for {same} of {total} sentences ({100 * same / total:.1f}%)")

@@ -36,20 +36,20 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.attention import set_attention_path
-from transformer.batching import Batch, TokenBatchSampler, collate, token_lengths
 from transformer.config import DataConfig, ModelConfig, OptimConfig, to_dataclass
-from transformer.data import prepare_data
-from transformer.layers import sinusoid_table
-from transformer.loss import batch_loss
-from transformer.model import build_model, count_parameters
-from transformer.optim import build_optimizer
-from transformer.runtime import (
+from transformer.data.batching import Batch, TokenBatchSampler, collate, token_lengths
+from transformer.data.pipeline import prepare_data
+from transformer.device import (
     autocast,
     cpu_bf16_support,
     describe_cpu,
     keep_large_blocks_in_the_heap,
 )
+from transformer.model.attention import set_attention_path
+from transformer.model.layers import sinusoid_table
+from transformer.model.transformer import build_model, count_parameters
+from transformer.training.loss import batch_loss
+from transformer.training.optimizer import build_optimizer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")

@@ -4,16 +4,16 @@
     python scripts/compare_splitters.py [--max-lines 2000]
 
 Candidates: the Moses splitter (`sentence-splitter`) with its own Italian prefixes and
-with the project's additions (`transformer.sentences`, what mt-translate uses), `sentencex`,
+with the project's additions (`transformer.data.sentences`, what mt-translate uses), `sentencex`,
 `pysbd`, and spaCy's rule-based sentencizer on a blank Italian pipeline as the Argos
 package loads it, without and with the project's prefixes as tokenizer special cases
-(`transformer.argos.sentencizer`). Three measures:
+(`transformer.deploy.argos.sentencizer`). Three measures:
 
 1. CASES: Italian text with abbreviations (`Sig.`, `ecc.`, `p. es.`, `Dott.`, `art. 3`),
    numbers (`3.5`, `1.000`), quotes, ellipses, question and exclamation marks, whose right
    split is written by hand: how many each candidate splits exactly so.
 2. Joined dev sets: consecutive lines of europarl/dev, tatoeba/dev and FLORES-200 devtest
-   joined 2 to 5 at a time (`transformer.paragraphs`, seed 0): the share of joins found
+   joined 2 to 5 at a time (`transformer.data.paragraphs`, seed 0): the share of joins found
    again (recall), the share of paragraphs split exactly into their lines, and the cuts
    made inside a line per 100 lines (some right: a Tatoeba line can hold two sentences).
 3. Speed: paragraphs per second (one thread; whatever the CPU), and the share of
@@ -29,9 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from transformer.config import DataConfig
-from transformer.corpus import project_path, read_lines
-from transformer.paragraphs import join_groups, paragraph_groups
-from transformer.runtime import describe_cpu
+from transformer.data.corpus import read_lines
+from transformer.data.paragraphs import join_groups, paragraph_groups
+from transformer.device import describe_cpu
+from transformer.paths import project_path
 
 # (text, its sentences)
 CASES: list[tuple[str, list[str]]] = [
@@ -86,12 +87,12 @@ def candidates() -> dict[str, Callable[[str], list[str]]]:
     """name -> split function; a candidate whose library is missing is left out."""
     from sentence_splitter import SentenceSplitter
 
-    from transformer.argos import sentencizer
-    from transformer.sentences import split_sentences
+    from transformer.data.sentences import split_sentences
+    from transformer.deploy.argos import sentencizer
 
     out: dict[str, Callable[[str], list[str]]] = {
         "moses (sentence-splitter 1.4, its Italian prefixes)": SentenceSplitter("it").split,
-        "moses + our prefixes (transformer.sentences)": split_sentences,
+        "moses + our prefixes (transformer.data.sentences)": split_sentences,
     }
     try:
         import sentencex
@@ -126,8 +127,8 @@ def boundaries(sentences: list[str]) -> set[int]:
 
 def dev_scores(split: Callable[[str], list[str]], lines: list[str]) -> tuple[float, ...]:
     """(join recall %, paragraphs exact %, cuts inside lines per 100 lines, paragraphs/s,
-    paragraphs split as transformer.sentences splits them %)."""
-    from transformer.sentences import split_sentences
+    paragraphs split as transformer.data.sentences splits them %)."""
+    from transformer.data.sentences import split_sentences
 
     groups = paragraph_groups(len(lines), 2, 5, seed=0)
     paragraphs = join_groups(lines, groups)

@@ -287,7 +287,7 @@ def step_device(plan: Plan, work: Path, r: dict) -> dict:
 
     import torch
 
-    from transformer.runtime import describe_cpu
+    from transformer.device import describe_cpu
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_train import matmul_tflops
@@ -352,7 +352,7 @@ def step_tests(plan: Plan, work: Path, r: dict) -> dict:
 def step_data(plan: Plan, work: Path, r: dict) -> dict:
     """Prepare the corpus once (the later steps find it in the work folder's cache)."""
     t0 = time.monotonic()
-    out = sh([sys.executable, "-m", "transformer.prepare", *plan.data, f"data.cache_dir={work / 'cache'}"])
+    out = sh([sys.executable, "-m", "transformer.commands.prepare", *plan.data, f"data.cache_dir={work / 'cache'}"])
     r["seconds"] = round(time.monotonic() - t0, 1)
     r["reused"] = "reused from" in out
     return r
@@ -371,7 +371,7 @@ def step_bench(plan: Plan, work: Path, r: dict) -> dict:
 
 
 def train_cmd(plan: Plan, work: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "transformer.train", f"model={plan.train_model}", *plan.data,
+    return [sys.executable, "-m", "transformer.commands.train", f"model={plan.train_model}", *plan.data,
             f"data.cache_dir={work / 'cache'}", *plan.train_overrides, f"trainer.device={plan.device}",
             "trainer.progress=false", "trainer.resume=never", f"trainer.run_dir={run_dir}", *extra]
 
@@ -441,7 +441,7 @@ def step_ddp(plan: Plan, work: Path, r: dict) -> dict:
     run_dir = work / "ddp"
     shutil.rmtree(run_dir, ignore_errors=True)
     base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-            "-m", "transformer.train", f"model={plan.ddp_model}", *plan.data,
+            "-m", "transformer.commands.train", f"model={plan.ddp_model}", *plan.data,
             f"data.cache_dir={work / 'cache'}", *plan.train_overrides, f"trainer.device={plan.device}",
             "trainer.progress=false", f"trainer.run_dir={run_dir}", "trainer.log_every=1",
             "trainer.val_bleu_sentences=20", "trainer.resume=auto"]
@@ -474,8 +474,8 @@ def step_decode(plan: Plan, work: Path, r: dict) -> dict:
     import torch
 
     from transformer.config import DecodeConfig
-    from transformer.corpus import read_lines
-    from transformer.decoding import load_for_inference, translate_nbest
+    from transformer.data.corpus import read_lines
+    from transformer.decoding.text import load_for_inference, translate_nbest
 
     checkpoint = work / "train" / "checkpoints" / "best"
     if not checkpoint.exists():

@@ -8,7 +8,7 @@ Around LibreTranslate 1.9.6 it adds:
 - checks that answer malformed requests with 400 where LibreTranslate would answer 500:
   `q` neither a string nor a list of strings, `alternatives` not a whole number, a lone
   surrogate escape (`"\\ud800"`, which spaCy cannot encode);
-- fair, bounded translation (`transformer.serving`): a request's lines and sentences as
+- fair, bounded translation (`transformer.deploy.serving`): a request's lines and sentences as
   one batch on a shared CTranslate2 translator, at most MT_SERVE_MAX_SENTENCES sentences
   and MT_SERVE_MAX_PIECES pieces a request (400 past them), MT_SERVE_SECONDS a request
   (503 past it), short requests first; long requests (more than one chunk) at most
@@ -75,7 +75,7 @@ sys.modules["onnxruntime"].__spec__ = importlib.machinery.ModuleSpec("onnxruntim
 
 # the project's serving modules: standard library only (this runs in LibreTranslate's venv)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from transformer.serve_checks import problem, refuse_outside  # noqa: E402
+from transformer.deploy.serve_checks import problem, refuse_outside  # noqa: E402
 
 sys.addaudithook(refuse_outside)  # any Python socket past loopback: PermissionError
 
@@ -128,7 +128,7 @@ atexit.register(remove_scratch)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # atexit runs; so does the script's trap
 check_port(option("host", "127.0.0.1"), int(option("port", "5000")))
 
-from transformer.serving import Budget, FairTranslator, Refused, ServeLimits  # noqa: E402
+from transformer.deploy.serving import Budget, FairTranslator, Refused, ServeLimits  # noqa: E402
 
 # the module: `libretranslate.main` as an attribute is the function it defines
 lt_main = importlib.import_module("libretranslate.main")

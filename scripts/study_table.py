@@ -30,7 +30,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from transformer.checkpoint import load_meta, step_checkpoints
-from transformer.curves import dev_sets, read_scalars
+from transformer.inspect.learning_curves import dev_sets, read_scalars
 
 # (column, path in config.yaml): the settings the prose study searches
 SETTINGS = [
@@ -144,7 +144,7 @@ def trial_overrides(row: dict, experiment: str, extra: list[str]) -> list[str]:
     `extra`."""
     from hydra import compose, initialize_config_dir
 
-    from transformer.cli import CONFIG_PATH
+    from transformer.commands.cli import CONFIG_PATH
 
     with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
         base = _flat(OmegaConf.to_container(compose("train", overrides=[f"experiment={experiment}"]), resolve=True))

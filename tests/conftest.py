@@ -2,7 +2,7 @@
 
 `precision: auto` picks bf16 on CPUs with native bf16 (AMX, AVX512-BF16) and fp32 on the
 others. The suite runs as on the latter everywhere, so that its results do not depend on
-the machine; tests/test_runtime.py covers both kinds by mocking the capability.
+the machine; tests/test_device.py covers both kinds by mocking the capability.
 """
 
 import os
@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from transformer import runtime
+from transformer import device
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -23,7 +23,7 @@ def _one_torch_thread():
 
 @pytest.fixture(autouse=True)
 def _cpu_without_native_bf16(monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_bf16_support", lambda: (False, "mocked by the test suite"))
+    monkeypatch.setattr(device, "cpu_bf16_support", lambda: (False, "mocked by the test suite"))
 
 
 @pytest.fixture(autouse=True, scope="session")

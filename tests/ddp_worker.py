@@ -1,4 +1,4 @@
-"""Run by tests/test_train.py under torchrun: train, then dump this rank's parameters."""
+"""Run by tests/commands/test_train.py under torchrun: train, then dump this rank's parameters."""
 
 import sys
 from pathlib import Path
@@ -8,8 +8,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from transformer.config import PROJECT_ROOT, TrainConfig, to_dataclass
-from transformer.train import train
+from transformer.commands.train import train
+from transformer.config import TrainConfig, to_dataclass
+from transformer.paths import PROJECT_ROOT
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])

@@ -13,12 +13,13 @@ from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoint import save_checkpoint
-from transformer.config import CONFIG_DIR, PROJECT_ROOT, ModelConfig, TrainConfig, to_dataclass
-from transformer.corpus import read_lines
-from transformer.model import Transformer, build_model
-from transformer.tokenizer import Tokenizer, train_tokenizer
-from transformer.train import train
-from transformer.trainer import Trainer
+from transformer.commands.train import train
+from transformer.config import ModelConfig, TrainConfig, to_dataclass
+from transformer.data.corpus import read_lines
+from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.model.transformer import Transformer, build_model
+from transformer.paths import CONFIG_DIR, PROJECT_ROOT
+from transformer.training.trainer import Trainer
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 
@@ -95,3 +96,23 @@ def end_sentences(model: Transformer, rate: float = 0.1) -> None:
     logits[..., [cfg.eos_id, cfg.pad_id]] = -math.inf
     model.out_proj.weight[cfg.eos_id, 0] = logits.max(-1).values.flatten().quantile(1 - rate)
     model.out_proj.weight[cfg.pad_id, 0] = -20.0
+
+
+# A tiny model for property tests: ids 0-3 are special, TINY_V ids in all.
+PAD, BOS, EOS, TINY_V = 0, 2, 3, 24
+
+
+def tiny_model(pre_norm: bool = False, seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=TINY_V, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
+                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_positions=32,
+                      pre_norm=pre_norm, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return Transformer(cfg).eval()
+
+
+def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
+    """Right-pad lists of ids into a (B, L) tensor."""
+    width = max(len(s) for s in seqs)
+    return torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])

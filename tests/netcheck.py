@@ -9,7 +9,7 @@ a packet for any host is really sent (software that first checks for a network, 
 onnxruntime's telemetry does, sees one). Nothing is at the other end. It captures every
 packet on every device with a raw socket while CMD runs, and prints one JSON line: CMD's
 exit status and the packets bound past loopback or for a DNS port (53, also on a loopback
-resolver such as 127.0.0.53): [proto, destination, port]. Used by tests/test_serve.py;
+resolver such as 127.0.0.53): [proto, destination, port]. Used by tests/deploy/test_serve.py;
 it needs no root outside the namespace.
 """
 

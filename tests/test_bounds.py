@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer import bounds, decoding
+from transformer import bounds
 from transformer.checkpoint import load_model
+from transformer.commands.evaluate import EvaluateConfig
+from transformer.commands.translate import TranslateConfig
 from transformer.config import ConfigError, DecodeConfig, ModelConfig, TrainConfig, to_dataclass
-from transformer.evaluate import EvaluateConfig
-from transformer.translate import TranslateConfig
+from transformer.decoding import text as decoding
 
 from helpers import compose_cfg, tiny_checkpoint
 

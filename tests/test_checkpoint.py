@@ -7,10 +7,11 @@ import json
 import torch
 
 from transformer.checkpoint import load_model, load_model_config, save_checkpoint
-from transformer.config import PROJECT_ROOT, ModelConfig
-from transformer.corpus import read_lines
-from transformer.model import build_model
-from transformer.tokenizer import train_tokenizer
+from transformer.config import ModelConfig
+from transformer.data.corpus import read_lines
+from transformer.data.tokenizer import train_tokenizer
+from transformer.model.transformer import build_model
+from transformer.paths import PROJECT_ROOT
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 

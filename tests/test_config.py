@@ -6,7 +6,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from transformer.config import (
-    CONFIG_DIR,
     ConfigError,
     DataConfig,
     DecodeConfig,
@@ -14,6 +13,7 @@ from transformer.config import (
     TrainConfig,
     to_dataclass,
 )
+from transformer.paths import CONFIG_DIR
 
 
 def train_config(*overrides: str) -> TrainConfig:

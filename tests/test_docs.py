@@ -12,20 +12,21 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from transformer.average import parse_args
-from transformer.config import CONFIG_DIR, PROJECT_ROOT, TrainConfig, to_dataclass
-from transformer.evaluate import EvaluateConfig
-from transformer.export import ExportConfig
-from transformer.masks_cli import MasksConfig
-from transformer.overrides import rewrite
-from transformer.prepare import PrepareConfig
-from transformer.translate import TranslateConfig
+from transformer.commands.average import parse_args
+from transformer.commands.evaluate import EvaluateConfig
+from transformer.commands.masks import MasksConfig
+from transformer.commands.overrides import rewrite
+from transformer.commands.prepare import PrepareConfig
+from transformer.commands.translate import TranslateConfig
+from transformer.config import TrainConfig, to_dataclass
+from transformer.deploy.ct2_export import ExportConfig
+from transformer.paths import CONFIG_DIR, PROJECT_ROOT
 
 PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "data" / "README.md",
          *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]
 # command -> (Hydra config name, the dataclass it must fill)
 HYDRA_COMMANDS = {
-    "mt-train": ("train", TrainConfig), "transformer.train": ("train", TrainConfig),
+    "mt-train": ("train", TrainConfig), "transformer.commands.train": ("train", TrainConfig),
     "mt-translate": ("translate", TranslateConfig), "mt-evaluate": ("evaluate", EvaluateConfig),
     "mt-prepare": ("prepare", PrepareConfig), "mt-export": ("export", ExportConfig),
     "mt-masks": ("masks", MasksConfig),
@@ -45,7 +46,7 @@ def code_lines(page: Path) -> list[str]:
 
 def example_lines(path: Path) -> list[str]:
     """The lines of a config's comments or a module's docstring, continuation backslashes
-    joined: where configs/*.yaml and transformer/*.py show their commands."""
+    joined: where configs/*.yaml and transformer/**/*.py show their commands."""
     if path.suffix == ".yaml":
         text = [line.strip()[1:] for line in path.read_text().splitlines() if line.strip().startswith("#")]
     else:
@@ -67,7 +68,7 @@ def joined(lines: list[str]) -> list[str]:
 
 
 def commands(page: Path) -> list[tuple[str, list[str]]]:
-    """(program, arguments) of each mt-* command (or `-m transformer.train`) in the page's
+    """(program, arguments) of each mt-* command (or `-m transformer.commands.train`) in the page's
     code blocks, or in a config's comments or a module's docstring; a pipeline's or list's
     other parts are left out."""
     found = []
@@ -107,7 +108,7 @@ def _first_of_sweep(override: str) -> str:
 ALL = [(page, prog, args) for page in PAGES for prog, args in commands(page)]
 # The examples in the configs' comments and the modules' docstrings (mt-evaluate's
 # `test_set=src.it,ref.en`, mt-average's `-o`): they run verbatim too.
-SOURCES = [*sorted(CONFIG_DIR.rglob("*.yaml")), *sorted((PROJECT_ROOT / "transformer").glob("*.py"))]
+SOURCES = [*sorted(CONFIG_DIR.rglob("*.yaml")), *sorted((PROJECT_ROOT / "transformer").rglob("*.py"))]
 EXAMPLES = [(src, prog, args) for src in SOURCES for prog, args in commands(src)]
 
 

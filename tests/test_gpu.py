@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from transformer import checkpoint as ckpt
-from transformer.batching import collate
 from transformer.config import DecodeConfig, ModelConfig, OptimConfig
-from transformer.loss import batch_loss
-from transformer.masks import src_key_mask, tgt_self_mask
-from transformer.model import DecoderCache, Transformer, build_model
-from transformer.optim import build_optimizer
-from transformer.runtime import resolve_precision
-from transformer.search import search
+from transformer.data.batching import collate
+from transformer.decoding.search import search
+from transformer.device import resolve_precision
+from transformer.model.masks import src_key_mask, tgt_self_mask
+from transformer.model.transformer import DecoderCache, Transformer, build_model
+from transformer.training.loss import batch_loss
+from transformer.training.optimizer import build_optimizer
 
 from helpers import run, tiny_checkpoint
 
@@ -256,8 +256,9 @@ def ctranslate2_on_cuda():
 
 def test_a_ctranslate2_export_translates_on_cuda_as_on_the_cpu(tmp_path):
     ct2 = ctranslate2_on_cuda()
-    from transformer.ct2 import CT2Model
-    from transformer.export import ExportConfig, export
+    from transformer.commands.export import export
+    from transformer.decoding.ct2_model import CT2Model
+    from transformer.deploy.ct2_export import ExportConfig
 
     out = export(ExportConfig(checkpoint=str(tiny_checkpoint(tmp_path / "ck", seed=2)),
                               output=str(tmp_path / "export")))

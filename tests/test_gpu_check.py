@@ -70,7 +70,7 @@ def test_every_module_level_import_of_the_package_reaches_the_gpu_machine():
         assert module.replace("_", "-").split(".")[0] in pack.replace("_", "-"), module
     stdlib = set(sys.stdlib_module_names)
     missing = {}
-    for path in sorted((ROOT / "transformer").glob("*.py")):
+    for path in sorted((ROOT / "transformer").rglob("*.py")):
         for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are optional
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []

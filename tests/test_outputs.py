@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from transformer import average, evaluate, masks_cli, outputs, prepare, train, translate
+from transformer import outputs
+from transformer.commands import average, evaluate, prepare, train, translate
+from transformer.commands import masks as masks_cli
 from transformer.outputs import Output, OutputError
 
 from helpers import SAMPLE, tiny_checkpoint
@@ -41,7 +43,8 @@ def template(tmp_path_factory) -> Path:
     try:
         import ctranslate2  # noqa: F401
 
-        from transformer.export import ExportConfig, export
+        from transformer.commands.export import export
+        from transformer.deploy.ct2_export import ExportConfig
 
         export(ExportConfig(checkpoint=str(run / "checkpoints" / "best"), output=str(root / "EX"),
                             quantization="int8"))

@@ -27,7 +27,7 @@ def _trial(run_dir: Path, lr: float, bleu: tuple[float, float] | None, step: int
         f"optim: {{lr: {lr}, warmup_steps: 500, label_smoothing: 0.1}}\n"
         "data: {max_tokens: 4096, spm_vocab_size: 8000, corpora: {europarl: 1.0, tatoeba: 3.0},"
         " phases: [{epochs: 2, corpora: {tatoeba: 1.0}}]}\n")
-    (run_dir / "train.log").write_text("2026-11-24 INFO transformer.train: precision: bf16 (auto: ...)\n")
+    (run_dir / "train.log").write_text("2026-11-24 INFO transformer.commands.train: precision: bf16 (auto: ...)\n")
     meta = run_dir / "checkpoints" / f"step_{step}" / "meta.json"
     meta.parent.mkdir(parents=True)
     meta.write_text(json.dumps({"step": step, "train_seconds": 1500.0}))

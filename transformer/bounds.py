@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from transformer.errors import ConfigError
+
 MAX_BEAM_SIZE = 128  # fairseq and OpenNMT-py recipes use 4-12; past ~50 BLEU only drops
 MAX_POSITIONS = 16384  # rows of the positional table: longer is a typo, not a model
 
@@ -73,8 +75,6 @@ def check_decode_memory(model_cfg, batches: list[list[int]], cfg, device: torch.
     """Refuse (ConfigError) decoding whose largest batch would need more memory than is free.
 
     batches: the source lengths of each decoding batch; cfg: the resolved DecodeConfig."""
-    from transformer.config import ConfigError  # config imports this module
-
     free = available_memory(device)
     if free is None or not batches:
         return

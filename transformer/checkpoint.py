@@ -33,9 +33,9 @@ from safetensors.torch import load_model as load_safetensors
 from safetensors.torch import save_model as save_safetensors
 
 from transformer.config import ModelConfig
+from transformer.data.tokenizer import Tokenizer
 from transformer.errors import UserError, file_error
-from transformer.model import Transformer, build_model
-from transformer.tokenizer import Tokenizer
+from transformer.model.transformer import Transformer, build_model
 
 WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
     "model.safetensors", "model.json", "tokenizer.model", "config.yaml", "meta.json",

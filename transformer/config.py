@@ -12,22 +12,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from transformer.bounds import MAX_BEAM_SIZE, MAX_POSITIONS, worker_limit
-from transformer.errors import UserError
+from transformer.errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent  # data.root and data.cache_dir resolve here
-CONFIG_DIR = PROJECT_ROOT / "configs"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
-
-
-class ConfigError(UserError, ValueError):
-    """A setting outside its valid range; the message names the key."""
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
@@ -123,7 +116,7 @@ class DataConfig:
     # pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}
     corpora: dict[str, float] = field(default_factory=dict)
     # name=mix: the first epochs' own weights, in order, e.g. a Tatoeba-first phase
-    # [{epochs: 2, corpora: {tatoeba: 1}}]; `corpora` hold after the last (transformer/mixing.py)
+    # [{epochs: 2, corpora: {tatoeba: 1}}]; `corpora` hold after the last (transformer/data/mixture.py)
     phases: list[PhaseConfig] = field(default_factory=list)
     # name=mix: training pairs per epoch (fairseq's --virtual-epoch-size), the unit of
     # `phases` and trainer.max_epochs; null: all the corpora's pairs
@@ -258,7 +251,7 @@ class TrainerConfig:
     run_dir: str = "runs/default"
     resume: str = "auto"  # auto: continue the run in run_dir, if any | never | <checkpoint dir>
     # Fine-tuning: a new run starting from this checkpoint's weights, model config and
-    # tokenizer, with a fresh optimizer and schedule (transformer/finetune.py)
+    # tokenizer, with a fresh optimizer and schedule (transformer/training/finetune.py)
     init_from: str | None = None
     log_every: int = 50
     val_every: int = 1000
@@ -311,7 +304,7 @@ class DecodeConfig:
     # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
     # fp32 | fp32 | bf16 | fp16 (CUDA only)
     precision: str = "auto"
-    # split each line into sentences (transformer/sentences.py), translate them, join them again
+    # split each line into sentences (transformer/data/sentences.py), translate them, join them again
     split_sentences: bool = True
 
     def validate(self, prefix: str = "decode") -> None:

@@ -18,6 +18,10 @@ class UserError(Exception):
     """A mistake of the user's; the message says what, naming the key, file or line."""
 
 
+class ConfigError(UserError, ValueError):
+    """A setting outside its valid range; the message names the key."""
+
+
 class UserFileError(UserError, OSError):
     """A file or folder the user named cannot be read or written (missing, a directory,
     no permission, a full disk); the message names it."""

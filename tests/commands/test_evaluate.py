@@ -1,0 +1,97 @@
+"""mt-evaluate: its scores are the sacrebleu command line's on the files it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer.commands import evaluate
+from transformer.data.corpus import read_lines
+from transformer.decoding.name_copy import SIGNATURE
+from transformer.paths import PROJECT_ROOT
+
+from helpers import tiny_checkpoint
+
+ROOT = PROJECT_ROOT
+SAMPLE = ROOT / "data" / "sample"
+
+
+def sacrebleu_cli(ref: Path, hyp: Path) -> dict[str, dict]:
+    """`sacrebleu REF -i HYP -m bleu chrf ter -w 4`, parsed: {metric name: its JSON}."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp),
+         "-m", "bleu", "chrf", "ter", "-w", "4"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    return {m["name"]: m for m in json.loads(proc.stdout)}
+
+
+def assert_same_as_cli(report: dict, ref: Path, hyp: Path) -> None:
+    cli = sacrebleu_cli(ref, hyp)
+    assert set(cli) == {"BLEU", "chrF2", "TER"}
+    for name, result in cli.items():
+        assert report["scores"][name] == result["score"], name
+        assert report["signatures"][name] == result["signature"], name
+
+
+def test_scores_equal_the_sacrebleu_command_line(tmp_path):
+    # Hypotheses that share some n-grams with the references, so no score is 0 or 100.
+    refs = read_lines(SAMPLE / "dev.en")[:20]
+    hyps = [" ".join(r.split()[: max(1, len(r.split()) - 1)]).lower() for r in refs]
+    report = evaluate.score(hyps, refs)
+    assert 0 < report["scores"]["BLEU"] < 100
+    (tmp_path / "ref").write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
+    (tmp_path / "hyp").write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
+    assert_same_as_cli(report, tmp_path / "ref", tmp_path / "hyp")
+
+
+def test_the_name_copy_rate_stands_beside_bleu_given_the_sources():
+    src, refs = read_lines(SAMPLE / "dev.it"), read_lines(SAMPLE / "dev.en")
+    hyps = [r.lower() for r in refs]  # every name lost, many n-grams kept
+    plain, named = evaluate.score(hyps, refs), evaluate.score(hyps, refs, src)
+    assert "names" not in plain["scores"] and "name_copy" not in plain
+    assert {k: v for k, v in named["scores"].items() if k != "names"} == plain["scores"]
+    assert named["scores"]["names"] == 0.0 and named["signatures"]["names"] == SIGNATURE
+    assert named["name_copy"]["names"] > 0 and named["name_copy"]["copied"] == 0
+    perfect = evaluate.score(refs, refs, src)
+    assert perfect["scores"]["names"] == 100.0
+    assert perfect["name_copy"] == {**named["name_copy"], "copied": named["name_copy"]["names"]}
+    n = perfect["name_copy"]["names"]
+    assert perfect["verbose"]["names"].startswith(f"names = 100.00 ({n}/{n} copied, ")
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
+    return tiny_checkpoint(tmp_path / "ckpt")
+
+
+def test_mt_evaluate_writes_files_and_report_that_sacrebleu_agrees_with(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    pair = f"{SAMPLE / 'dev.it'},{SAMPLE / 'dev.en'}"
+    out = tmp_path / "eval"
+    monkeypatch.setattr(sys, "argv", [
+        "mt-evaluate", f"checkpoint={checkpoint}", f"test_set='{pair}'", f"output_dir={out}",
+        "max_sentences=12", "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=8",
+        "progress=false",
+    ])
+    evaluate.main()
+    report = json.loads((out / "dev.it.greedy.json").read_text())
+    hyp, ref = out / "dev.it.greedy.hyp", out / "dev.it.ref"
+    assert report["files"] == {"hyp": str(hyp), "ref": str(ref), "report": str(out / "dev.it.greedy.json")}
+    assert len(read_lines(hyp)) == len(read_lines(ref)) == report["sentences"] == 12
+    assert read_lines(ref) == read_lines(SAMPLE / "dev.en")[:12]
+    assert report["decode"]["method"] == "greedy" and report["checkpoint"] == str(checkpoint)
+    assert report["decode"]["max_tokens"] == 2000 and report["decode"]["precision"] == "fp32"  # CPU defaults
+    assert report["sentences_per_second"] > 0
+    assert_same_as_cli(report, ref, hyp)
+    printed = capsys.readouterr().out
+    assert f"BLEU = {report['scores']['BLEU']:.2f}" in printed
+    # The first 12 sample pairs hold no name: no rate, and no division by zero.
+    assert report["scores"]["names"] is None and report["name_copy"]["names"] == 0
+    assert f"names = n/a (the references copy no name)  ({SIGNATURE})" in printed

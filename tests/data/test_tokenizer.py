@@ -1,0 +1,120 @@
+"""The joint SentencePiece tokenizer: special ids, round trips, serialization, caching."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from transformer.data import tokenizer as tokenizer_module
+from transformer.data.corpus import normalize, read_lines
+from transformer.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    load_or_train_tokenizer,
+    train_tokenizer,
+)
+from transformer.paths import PROJECT_ROOT
+
+SAMPLE = PROJECT_ROOT / "data" / "sample"
+ACCENTED = ["Sì, è così.", "Perché no?", "È già mezzanotte.", "Però   la città è  lì.", "perché"]
+
+
+def sample_sentences() -> list[str]:
+    lines = read_lines(SAMPLE / "train.it") + read_lines(SAMPLE / "train.en")
+    return [normalize(x) for x in lines] + ACCENTED
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return train_tokenizer(sample_sentences(), vocab_size=200)
+
+
+def test_special_ids_are_fixed(tok: Tokenizer) -> None:
+    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert tok.vocab_size == 200
+    assert [tok.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+
+
+def test_round_trip_on_accented_sentences(tok: Tokenizer) -> None:
+    texts = [normalize(x) for x in ACCENTED + read_lines(SAMPLE / "dev.it")[:20]]
+    ids = tok.encode(texts)
+    assert all(BOS_ID not in x and EOS_ID not in x for x in ids)  # encode adds neither
+    assert tok.decode(ids) == texts
+
+
+def test_decode_stops_at_eos_and_skips_pad_and_bos(tok: Tokenizer) -> None:
+    (x,) = tok.encode(["Sì, è così."])
+    noisy = [BOS_ID, *x, EOS_ID, *tok.encode(["Ciao"])[0], PAD_ID, PAD_ID]
+    assert tok.decode([noisy, [BOS_ID, *x, PAD_ID]]) == ["Sì, è così.", "Sì, è così."]
+
+
+def test_pieces_match_ids(tok: Tokenizer) -> None:
+    text = "Perché sei arrivato così tardi?"
+    (ids,) = tok.encode([text])
+    assert tok.pieces(text) == [tok.id_to_piece(i) for i in ids]
+
+
+def test_proto_save_load_and_pickle_reproduce_the_model(tok: Tokenizer, tmp_path) -> None:
+    texts = [normalize(x) for x in read_lines(SAMPLE / "dev.en")]
+    path = tmp_path / "spm.model"
+    tok.save(path)
+    for copy in (
+        Tokenizer.from_proto(tok.proto),
+        Tokenizer.load(path),
+        pickle.loads(pickle.dumps(tok)),
+    ):
+        assert copy.encode(texts) == tok.encode(texts)
+        assert copy.proto == tok.proto
+
+
+def test_cache_reuses_until_the_corpus_changes(tmp_path, monkeypatch) -> None:
+    calls = []
+    real_train = tokenizer_module.train_tokenizer
+
+    def counting_train(*args, **kwargs):
+        calls.append(1)
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer_module, "train_tokenizer", counting_train)
+    sentences = sample_sentences()
+    first, path1 = load_or_train_tokenizer(sentences, "digest-a", tmp_path, vocab_size=150)
+    second, path2 = load_or_train_tokenizer(sentences, "digest-a", tmp_path, vocab_size=150)
+    assert len(calls) == 1 and path1 == path2 and path1.exists()
+    assert second.proto == first.proto
+
+    _, path3 = load_or_train_tokenizer(sentences[:-50], "digest-b", tmp_path, vocab_size=150)
+    _, path4 = load_or_train_tokenizer(sentences, "digest-a", tmp_path, vocab_size=120)
+    assert len(calls) == 3  # a changed corpus and a changed setting both retrain
+    assert len({path1, path3, path4}) == 3
+
+
+def test_training_on_a_sample_is_reproducible_across_processes(tmp_path) -> None:
+    """SentencePiece's own input sampling is not; the tokenizer samples the input itself."""
+    script = (
+        "import hashlib, sys\n"
+        "from transformer.data.tokenizer import train_tokenizer\n"
+        "lines = open(sys.argv[1], encoding='utf-8').read().splitlines()\n"
+        "tok = train_tokenizer(lines, vocab_size=150, input_sentence_size=300)\n"
+        "print(hashlib.sha256(tok.proto).hexdigest())\n"
+    )
+    env = {"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sample_sentences()) + "\n", encoding="utf-8")
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(corpus)], env=env, capture_output=True, text=True
+        )
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout
+    here = train_tokenizer(sample_sentences(), vocab_size=150, input_sentence_size=300)
+    assert runs[0].stdout.strip() == hashlib.sha256(here.proto).hexdigest()

@@ -1,0 +1,252 @@
+"""Greedy and beam search: hand-scripted expectations and invariances on a real model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from transformer.config import DecodeConfig, ModelConfig
+from transformer.decoding.search import (
+    Hypothesis,
+    beam_search,
+    best_continuations,
+    greedy_search,
+    length_penalty,
+    max_lengths,
+    search,
+)
+from transformer.model.transformer import DecoderCache, build_model
+
+PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
+ln = math.log
+
+
+class ScriptedModel:
+    """A fake model whose next-token probabilities are written by hand.
+
+    `script[prefix]` gives {token: probability} after BOS + prefix; unlisted tokens have
+    probability 0 and an unlisted prefix ends with certainty ({EOS: 1}). The source is
+    ignored except for its first id, which picks the script (so batches can mix them).
+    """
+
+    def __init__(self, scripts: dict[int, dict[tuple[int, ...], dict[int, float]]]) -> None:
+        self.cfg = ModelConfig(vocab_size=7, max_positions=64)
+        self.scripts = scripts
+        self.fed_lengths: list[int] = []  # tokens fed per decode call
+
+    def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*src_ids.shape, 1)
+
+    def decode(self, tgt_in_ids, memory, src_ids, cache: DecoderCache | None = None):
+        self.fed_lengths.append(tgt_in_ids.size(1))
+        ids = tgt_in_ids
+        if cache is not None:
+            if cache.tgt_ids is not None:
+                ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
+            cache.tgt_ids = ids
+        logits = torch.full((*tgt_in_ids.shape, self.cfg.vocab_size), -math.inf)
+        for row in range(ids.size(0)):
+            script = self.scripts[int(src_ids[row, 0])]
+            probs = script.get(tuple(ids[row, 1:].tolist()), {EOS: 1.0})
+            for tok, p in probs.items():
+                logits[row, -1, tok] = ln(p)
+        return logits
+
+
+# Script 1, read as a tree (the numbers are probabilities):
+#   ()    -> A .5   EOS .3   B .2
+#   (A)   -> EOS .55   C .45
+#   (B)   -> C .9   EOS .1
+#   (A C) -> EOS .95   A .05
+#   (B C) -> EOS .95   B .05
+TREE = {
+    (): {A: 0.5, EOS: 0.3, B: 0.2},
+    (A,): {EOS: 0.55, C: 0.45},
+    (B,): {C: 0.9, EOS: 0.1},
+    (A, C): {EOS: 0.95, A: 0.05},
+    (B, C): {EOS: 0.95, B: 0.05},
+}
+# Script 2: never wants to stop; only the maximum length ends it.
+CHAIN = {(A,) * n: {A: 0.9, EOS: 0.1} for n in range(20)}
+
+
+def src(*first_ids: int) -> torch.Tensor:
+    """One source row per script id, padded to a common length of 3."""
+    return torch.tensor([[i, EOS, PAD] for i in first_ids])
+
+
+def scores_of(hyps: list[Hypothesis]) -> list[float]:
+    return [h.score for h in hyps]
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 2.0])
+def test_beam_keeps_early_finished_hypothesis_and_ranks_with_length_penalty(lenpen):
+    # k = 2, min_len = 1.
+    # Step 1: EOS (.3) is forbidden by min_len, so the beams are A (.5) and B (.2).
+    # Step 2: candidates A EOS .275, A C .225, B C .18, B EOS .02. "A EOS" is among the
+    #   first k = 2 and finishes; it is kept while the beams go on with A C and B C.
+    #   (B EOS is only 4th, outside the first k, so it is not a hypothesis.)
+    # Step 3: A C EOS .21375, B C EOS .171, A C A .01125, B C B .009. A C EOS finishes
+    #   and makes the k-th finished hypothesis: the sentence is done (B C EOS, ranked
+    #   after it, is not collected).
+    # Raw log-probs prefer "A" (ln .275 = -1.291 > ln .21375 = -1.543); with lenpen 2,
+    # lp(2) = (7/6)^2 and lp(3) = (8/6)^2 give -0.949 < -0.868, so "A C" wins.
+    model = ScriptedModel({1: TREE})
+    nbest = beam_search(model, src(1), beam_size=2, lenpen=lenpen, nbest=2,
+                        max_len_a=0, max_len_b=10, min_len=1)[0]
+    a = Hypothesis([A], ln(0.5 * 0.55) / length_penalty(2, lenpen))
+    ac = Hypothesis([A, C], ln(0.5 * 0.45 * 0.95) / length_penalty(3, lenpen))
+    expected = [a, ac] if lenpen == 0 else [ac, a]
+    assert [h.tokens for h in nbest] == [h.tokens for h in expected]
+    assert scores_of(nbest) == pytest.approx(scores_of(expected))
+
+
+def test_beam_min_len_forbids_early_eos():
+    # min_len = 0: step 1 finishes the empty hypothesis (EOS .3 is 2nd of the first 2);
+    #   step 2 finishes "A" (.275, the best candidate) and the sentence has k = 2: done.
+    #   The empty output wins on raw log-prob: ln .3 > ln .275.
+    # min_len = 2: EOS is also forbidden at step 2, so the beams are A C (.225) and
+    #   B C (.18); step 3 finishes both: A C EOS .21375, B C EOS .171.
+    model = ScriptedModel({1: TREE})
+    free = beam_search(model, src(1), beam_size=2, lenpen=0.0, nbest=2,
+                       max_len_a=0, max_len_b=10, min_len=0)[0]
+    assert [h.tokens for h in free] == [[], [A]]
+    assert scores_of(free) == pytest.approx([ln(0.3), ln(0.275)])
+    long = beam_search(model, src(1), beam_size=2, lenpen=0.0, nbest=2,
+                       max_len_a=0, max_len_b=10, min_len=2)[0]
+    assert [h.tokens for h in long] == [[A, C], [B, C]]
+    assert scores_of(long) == pytest.approx([ln(0.5 * 0.45 * 0.95), ln(0.2 * 0.9 * 0.95)])
+
+
+def test_max_len_forces_a_scored_eos():
+    # CHAIN prefers A (.9) over EOS (.1) forever; with max_len = 0 * |x| + 3 the
+    # hypothesis A A A is closed by a forced EOS: ln(.9^3 * .1). Beam search's second
+    # hypothesis leaves the chain as early as min_len allows (A EOS: ln .09 > A A EOS).
+    model = ScriptedModel({1: CHAIN})
+    hyp = greedy_search(model, src(1), max_len_a=0, max_len_b=3, min_len=1)[0]
+    assert hyp.tokens == [A, A, A]
+    assert hyp.score == pytest.approx(ln(0.9**3 * 0.1))
+    nbest = beam_search(model, src(1), beam_size=2, lenpen=0.0, nbest=2,
+                        max_len_a=0, max_len_b=3, min_len=1)[0]
+    assert [h.tokens for h in nbest] == [[A], [A, A]]
+    assert scores_of(nbest) == pytest.approx([ln(0.9 * 0.1), ln(0.9**2 * 0.1)])
+
+
+def test_batch_mixes_sentences_that_finish_at_different_steps():
+    # The TREE sentence is done after 3 steps and leaves the batch; the CHAIN sentence
+    # runs to its max length 0.5 * |x| + 4 = 5 (|x| = 2 non-padding ids) after it.
+    model = ScriptedModel({1: TREE, 5: CHAIN})
+    out = beam_search(model, src(1, 5), beam_size=2, lenpen=0.0, nbest=1,
+                      max_len_a=0.5, max_len_b=4, min_len=1)
+    assert [h.tokens for h in out[0]] == [[A]]
+    assert [h.tokens for h in out[1]] == [[A]]  # A EOS (.09) beats any longer run
+    greedy = greedy_search(model, src(1, 5), max_len_a=0.5, max_len_b=4, min_len=1)
+    assert [h.tokens for h in greedy] == [[A], [A] * 5]
+
+
+def test_decoding_feeds_one_new_token_per_step():
+    model = ScriptedModel({1: CHAIN})
+    beam_search(model, src(1), beam_size=2, max_len_a=0, max_len_b=4)
+    assert model.fed_lengths == [1, 1, 1]  # done after 3 steps: see the test above
+    model.fed_lengths.clear()
+    greedy_search(model, src(1), max_len_a=0, max_len_b=4)
+    assert model.fed_lengths == [1] * 5  # 4 tokens + the forced EOS
+
+
+def test_search_dispatches_on_decode_config():
+    model = ScriptedModel({1: TREE})
+    greedy = search(model, src(1), DecodeConfig(method="greedy", lenpen=0.0))
+    assert [[h.tokens for h in hyps] for hyps in greedy] == [[[A]]]
+    beam = search(model, src(1), DecodeConfig(method="beam", beam_size=2, nbest=2, lenpen=0.0))
+    assert [h.tokens for h in beam[0]] == [[A], [A, C]]
+    with pytest.raises(ValueError, match="nbest"):
+        search(model, src(1), DecodeConfig(beam_size=2, nbest=3))
+    with pytest.raises(ValueError, match="method"):
+        search(model, src(1), DecodeConfig(method="sampling"))
+
+
+# ---- invariances on a real (random, tiny) model ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    # With this seed some hypotheses end with a natural EOS and others at max length
+    # (checked in test_beam_size_one_equals_greedy).
+    torch.manual_seed(1)
+    cfg = ModelConfig(vocab_size=12, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
+                      n_decoder_layers=2, dropout=0.0, attn_dropout=0.0, max_positions=64)
+    return build_model(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def padded_batch():
+    g = torch.Generator().manual_seed(1)
+    lengths = [7, 3, 5, 1, 6]
+    rows = [[*torch.randint(4, 12, (n,), generator=g).tolist(), EOS] for n in lengths]
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+
+
+def unpad(row: torch.Tensor) -> torch.Tensor:
+    return row[row != PAD][None]
+
+
+def assert_same(got: list[Hypothesis], want: list[Hypothesis]) -> None:
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert scores_of(got) == pytest.approx(scores_of(want), abs=1e-4)
+
+
+def test_beam_size_one_equals_greedy(tiny_model, padded_batch):
+    kw = dict(max_len_a=1.5, max_len_b=3, min_len=2)
+    greedy = greedy_search(tiny_model, padded_batch, lenpen=0.6, **kw)
+    beam = beam_search(tiny_model, padded_batch, beam_size=1, lenpen=0.6, **kw)
+    assert_same([hyps[0] for hyps in beam], greedy)
+    max_len = max_lengths(tiny_model, padded_batch, 1.5, 3, 2).tolist()
+    stopped = [len(h.tokens) < m for h, m in zip(greedy, max_len, strict=True)]
+    assert any(stopped) and not all(stopped), "want natural EOS and max length: change seed"
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_sentence_alone_equals_sentence_in_padded_batch(tiny_model, padded_batch, method):
+    cfg = DecodeConfig(method=method, beam_size=3, nbest=3, max_len_a=1.0, max_len_b=4)
+    batched = search(tiny_model, padded_batch, cfg)
+    for row, hyps in zip(padded_batch, batched, strict=True):
+        assert_same(hyps, search(tiny_model, unpad(row), cfg)[0])
+
+
+def test_cached_decoding_equals_rerunning_the_prefix(tiny_model, padded_batch):
+    kw = dict(max_len_a=1.0, max_len_b=4, min_len=1)
+    assert_same(greedy_search(tiny_model, padded_batch, use_cache=True, **kw),
+                greedy_search(tiny_model, padded_batch, use_cache=False, **kw))
+    cached = beam_search(tiny_model, padded_batch, beam_size=4, nbest=4, use_cache=True, **kw)
+    naive = beam_search(tiny_model, padded_batch, beam_size=4, nbest=4, use_cache=False, **kw)
+    for got, want in zip(cached, naive, strict=True):
+        assert_same(got, want)
+
+
+def test_beam_finds_at_least_the_greedy_score(tiny_model, padded_batch):
+    kw = dict(max_len_a=1.0, max_len_b=4, min_len=1, lenpen=0.0)
+    greedy = greedy_search(tiny_model, padded_batch, **kw)
+    beam = beam_search(tiny_model, padded_batch, beam_size=4, **kw)
+    for g, b in zip(greedy, beam, strict=True):
+        assert b[0].score >= g.score - 1e-5
+
+
+@pytest.mark.parametrize("w, n, v", [(1, 10, 50), (5, 10, 50), (3, 4, 3), (4, 8, 2)])
+def test_best_continuations_equal_ranking_every_row_and_token(w, n, v):
+    """Ranking each row's n best tokens finds the same n best (row, token) pairs as
+    ranking all W*V of a sentence, also when n exceeds the vocabulary."""
+    torch.manual_seed(0)
+    a = 6
+    logits, offset = torch.randn(a * w, v), torch.randn(a * w)
+    logits[0, :] = -math.inf  # a row with every token forbidden (max_len reached elsewhere)
+    logits[0, 1] = 0.5
+    scores, beam, token = best_continuations(logits, offset, w, n)
+    full = (logits + offset[:, None]).view(a, w * v)
+    expected_scores, expected_idx = full.topk(min(n, w * v), dim=-1)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = expected_scores.isfinite()
+    assert torch.equal(beam[finite], (expected_idx // v)[finite])
+    assert torch.equal(token[finite], (expected_idx % v)[finite])

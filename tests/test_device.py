@@ -1,0 +1,103 @@
+"""Precision follows the hardware: `auto` resolves by the CPU's or GPU's bf16 support."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from transformer import device
+from transformer.device import autocast, describe_cpu, resolve_precision
+from transformer.training import distributed
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda:0")  # CUDA is never touched: mocked
+
+
+@pytest.fixture
+def cpu_without_bf16(monkeypatch):
+    monkeypatch.setattr(device, "cpu_bf16_support", lambda: (False, "AVX2 only, no AVX512-BF16 or AMX"))
+
+
+@pytest.fixture
+def cpu_with_bf16(monkeypatch):
+    monkeypatch.setattr(device, "cpu_bf16_support", lambda: (True, "AVX512 with AVX512-BF16"))
+
+
+def test_auto_is_fp32_on_a_cpu_without_native_bf16(cpu_without_bf16):
+    precision, why = resolve_precision("auto", CPU)
+    assert precision == "fp32"
+    assert "no native bf16 (AVX2 only" in why
+
+
+def test_auto_is_bf16_on_a_cpu_with_native_bf16(cpu_with_bf16):
+    assert resolve_precision("auto", CPU) == ("bf16", "auto: the CPU has native bf16 (AVX512 with AVX512-BF16)")
+
+
+@pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16"), (False, "fp16")])
+def test_auto_on_a_gpu_is_bf16_where_it_has_it_else_fp16(monkeypatch, bf16, expected):
+    monkeypatch.setattr(device, "cuda_bf16_support", lambda device: (bf16, "a GPU"))
+    assert resolve_precision("auto", CUDA)[0] == expected
+    assert resolve_precision("fp32", CUDA)[0] == "fp32"  # an explicit choice stands
+
+
+def test_explicit_bf16_on_a_cpu_without_it_warns_with_the_cost(cpu_without_bf16, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert resolve_precision("bf16", CPU)[0] == "bf16"  # runs as asked ...
+    assert "trainer.precision=bf16 on a CPU without native bf16" in caplog.text  # ... but says so
+    assert "about 30x slower than fp32" in caplog.text
+
+
+def test_explicit_bf16_on_a_cpu_with_it_is_silent(cpu_with_bf16, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert resolve_precision("bf16", CPU)[0] == "bf16"
+    assert not caplog.text
+
+
+def test_fp16_needs_cuda_and_unknown_precisions_are_refused(cpu_with_bf16):
+    with pytest.raises(ValueError, match=r"decode.precision=fp16 needs CUDA"):
+        resolve_precision("fp16", CPU, key="decode.precision")
+    with pytest.raises(ValueError, match=r"trainer.precision='fp8': choose one of auto"):
+        resolve_precision("fp8", CPU)
+
+
+def test_the_real_cpu_is_described(monkeypatch):
+    monkeypatch.undo()  # the suite mocks the capability (conftest): ask this machine's CPU
+    native, features = device.cpu_bf16_support()
+    assert isinstance(native, bool) and features
+    assert ("no native bf16" in describe_cpu()) != native
+
+
+def test_autocast_takes_only_resolved_precisions():
+    with autocast("fp32", CPU):
+        pass
+    with pytest.raises(ValueError, match="resolved precision"):
+        autocast("auto", CPU)
+
+
+@pytest.mark.skipif(device._glibc() is None, reason="malloc_trim is glibc's")
+def test_the_heap_trimmer_gives_back_freed_memory_once_the_slack_is_used_up():
+    trim = device.HeapTrimmer(slack_gb=0.05)
+    trim.libc.malloc_trim(0)  # free memory earlier tests left would be reused unseen
+    assert not trim()  # sets the floor
+    blocks = [bytearray(64 * 1024) for _ in range(3200)]  # 200 MB of heap blocks
+    del blocks[::2]  # 100 MB of holes between live blocks: glibc keeps them
+    held = device.anonymous_memory()
+    assert trim() and trim.trims == 1
+    assert device.anonymous_memory() < held - 50 * 2**20
+    assert not trim()  # the slack starts again from what is held now
+    assert not device.HeapTrimmer(None)() and device.HeapTrimmer(None).libc is None
+
+
+@pytest.mark.parametrize("env, launched", [
+    ({}, False),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, True),
+    ({"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, True),  # torchrun, one process
+    ({"RANK": "0"}, False),  # a stray RANK alone is no launcher
+])
+def test_a_one_process_torchrun_counts_as_distributed(monkeypatch, env, launched):
+    for key in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert distributed.launched_by_torchrun() is launched

@@ -1,0 +1,169 @@
+"""A diverging run ends by itself, with one line, its last good checkpoint kept; a second
+signal stops at once; non-finite settings are refused before anything runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer.config import ConfigError, OptimConfig, TrainConfig, to_dataclass
+from transformer.paths import PROJECT_ROOT
+from transformer.training.nan_guard import FP16_MIN_SCALE, DivergenceGuard, TrainingDiverged
+from transformer.training.trainer import Trainer
+
+from helpers import DEBUG, compose_cfg, run, shared_cache
+
+
+def count_updates(monkeypatch) -> list[dict]:
+    """Record every Trainer.train_step's metrics (applied or skipped)."""
+    seen = []
+    real = Trainer.train_step
+
+    def recording(self, batches):
+        seen.append(real(self, batches))
+        return seen[-1]
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    return seen
+
+
+def test_an_absurd_learning_rate_stops_within_a_bounded_number_of_updates(tmp_path, monkeypatch):
+    updates = count_updates(monkeypatch)
+    with pytest.raises(TrainingDiverged) as e:
+        run(tmp_path / "run", "optim.lr=1e10", "trainer.max_steps=1000", "trainer.diverge_after=4")
+    msg = str(e.value)
+    assert "training diverged after update 1: the loss is nan for 4 updates in a row" in msg
+    assert "lower optim.lr (now 1e+10)" in msg and "no checkpoint was written" in msg
+    # one applied update drives the weights to ~1e9, then exactly diverge_after skipped ones
+    assert [u["applied"] for u in updates] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert not ckpt.step_checkpoints(tmp_path / "run")
+
+
+def test_the_command_ends_with_one_line_and_a_nonzero_status(tmp_path):
+    cmd = [sys.executable, "-m", "transformer.commands.train", *DEBUG, "optim.lr=1e10",
+           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("mt-train: error: training diverged after update 1: the loss is nan")
+    assert "Traceback" not in proc.stderr
+
+
+def poison_weights_after(monkeypatch, step: int) -> None:
+    """Turn one weight NaN right after update `step` (a bad batch, an fp16 overflow)."""
+    real = Trainer.train_step
+
+    def poisoning(self, batches):
+        out = real(self, batches)
+        if self.state.step == step and out["applied"]:
+            with torch.no_grad():
+                self.model.src_embed.weight[5, 0] = math.nan
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", poisoning)
+
+
+def test_a_run_that_diverges_later_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
+    run(tmp_path / "run", "trainer.max_steps=10", "trainer.resume=auto")
+    good = tmp_path / "run" / "checkpoints" / "step_10"
+    before = (good / "model.safetensors").read_bytes()
+    poison_weights_after(monkeypatch, 12)
+    with pytest.raises(TrainingDiverged, match=f"after update 12: the loss is nan .* {good}, is kept"):
+        run(tmp_path / "run", "trainer.max_steps=20", "trainer.resume=auto")
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path / "run")] == ["step_10"]
+    assert (good / "model.safetensors").read_bytes() == before
+    monkeypatch.undo()
+    trainer = run(tmp_path / "run", "trainer.max_steps=12", "trainer.resume=auto")  # resumes from it
+    assert trainer.state.step == 12
+
+
+def test_weights_that_turn_nonfinite_are_neither_validated_nor_saved(tmp_path, monkeypatch):
+    """An applied update can leave inf weights (an infinite step): the save refuses them."""
+    poison_weights_after(monkeypatch, 10)  # update 10 is a validation and a save
+    with pytest.raises(TrainingDiverged, match=r"at update 10: the weights hold inf or NaN \(src_embed"):
+        run(tmp_path / "run", "trainer.max_steps=20")
+    assert not ckpt.step_checkpoints(tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints" / "best").exists()
+
+
+def test_the_guard_counts_only_skips_in_a_row_and_lets_fp16_find_its_scale():
+    guard = DivergenceGuard(3, OptimConfig(lr=1e-3), "fp32")
+    bad = {"applied": 0.0, "loss": math.nan, "grad_norm": math.nan}
+    good = {"applied": 1.0, "loss": 2.0, "grad_norm": 1.0}
+    for m in (bad, bad, good, bad, bad):  # an applied update resets the count
+        guard.check(7, m, None)
+    with pytest.raises(TrainingDiverged, match="the loss is nan for 3 updates in a row"):
+        guard.check(7, bad, None)
+    fp16 = DivergenceGuard(2, OptimConfig(), "fp16")
+    overflow = {"applied": 0.0, "loss": 3.0, "grad_norm": math.inf}
+    for _ in range(20):  # GradScaler halving its scale from 65536: not divergence
+        fp16.check(0, overflow, 2.0**10)
+    fp16.check(0, overflow, FP16_MIN_SCALE / 2)
+    with pytest.raises(TrainingDiverged, match=r"gradient norm is inf .* bf16 or fp32"):
+        fp16.check(0, overflow, FP16_MIN_SCALE / 4)
+
+
+@pytest.mark.parametrize("override", ["optim.lr=inf", "optim.lr=nan", "optim.label_smoothing=-inf",
+                                      "trainer.max_hours=inf", "decode.lenpen=nan"])
+def test_nonfinite_float_settings_are_refused_naming_the_key(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{key}=(inf|nan|-inf): must be a finite number"):
+        to_dataclass(TrainConfig, compose_cfg(override))
+
+
+SLOW_AFTER_SIGNAL = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from transformer.training.trainer import Trainer
+    from helpers import run
+    real = Trainer.train_step
+    def slow(self, batches):
+        out = real(self, batches)
+        print("update", self.state.step, flush=True)
+        if self.state.step == 7:
+            # Hold this update until the test's first signal has landed (so the loop cannot
+            # see it first and stop cleanly), then make the rest of the update long.
+            while self.stop_signal is None:
+                time.sleep(0.01)
+            print("waiting", flush=True)
+            time.sleep(120)
+        return out
+    Trainer.train_step = slow
+    run({run_dir!r}, "trainer.max_steps=100000", "trainer.val_every=100000", "trainer.save_every=5")
+""")
+
+
+def test_a_second_signal_ends_the_process_at_once_leaving_the_checkpoints(tmp_path):
+    code = SLOW_AFTER_SIGNAL.format(tests=str(PROJECT_ROOT / "tests"), run_dir=str(tmp_path / "run"))
+    env = {**os.environ, "MT_TEST_DATA_CACHE": str(shared_cache())}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in proc.stdout:  # wait until step_5 is saved
+            if line.strip() == "update 7":
+                break
+        before = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+        proc.send_signal(signal.SIGTERM)
+        for line in proc.stdout:
+            if line.strip() == "waiting":
+                break
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - start < 30  # not the 120 s the update would take
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "SIGTERM: finishing this update, then saving a checkpoint" in err
+    assert "second SIGTERM: stopping now without saving" in err
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == before == ["step_5"]
+    ckpt.load_model(tmp_path / "run" / "checkpoints" / "step_5")

@@ -1,0 +1,138 @@
+"""What every `mt-*` command shares: config to dataclass, one-line user errors, logging.
+
+Each command is a Hydra app (or, for mt-average, argparse): its `@hydra.main` function
+hands the composed config to `run_command(prog, Schema, cfg, job)`, and the console
+script runs that function through `hydra_entry`. A user's mistake (a bad
+setting, a missing or corrupt file, a misaligned corpus, a checkpoint that does not fit)
+ends the command with one line, `prog: error: ...`, and exit status 1, before any work
+starts where it can be known then; so does a usage error (mt-average's too). A traceback
+is for bugs (any exception that is not a `errors.UserError` or OmegaConf's): set
+`MT_TRACEBACK=1` to see one for a user error too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from transformer.commands import overrides
+from transformer.config import to_dataclass
+from transformer.errors import UserError, file_error
+from transformer.paths import PROJECT_ROOT
+
+CONFIG_PATH = str(PROJECT_ROOT / "configs")  # absolute: see the note in `hydra_main` users
+# User errors: the project's own (`errors.UserError`: bad settings, bad data, bad
+# checkpoints, outputs that may not be written, files the user named that cannot be read
+# or written, a learning rate that makes training diverge) and OmegaConf's, which name a
+# key of the config. Any other exception is a bug and keeps its traceback.
+USER_ERRORS = (UserError, OmegaConfBaseException)
+TRACEBACK_ENV = "MT_TRACEBACK"
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+def _dirname(text: str) -> str:
+    """A string as one directory name: no path separators, at most 200 characters. A longer
+    one (an Optuna trial sets a dozen keys) keeps its first 187 and a digest of the whole:
+    cut short alone, two jobs that differ only further on would share a run directory."""
+    name = text.replace("/", "_").replace("\\", "_")
+    if len(name) <= 200:
+        return name
+    return f"{name[:187]}~{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+# configs/train.yaml names each sweep job's directory after its overrides with this.
+OmegaConf.register_new_resolver("dirname", _dirname, replace=True)
+
+
+def error_message(e: BaseException) -> str:
+    """One line for a user error: OmegaConf's errors span several lines; name their key."""
+    if isinstance(e, HydraException):  # the command line itself: an unknown key, a bad group
+        parts = [str(e), str(e.__cause__ or "")]
+        lines = [line.strip() for part in parts for line in part.split("Config search path")[0].splitlines()]
+        return " ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=")))
+    if isinstance(e, OmegaConfBaseException):
+        key = getattr(e, "full_key", None)
+        msg = str(getattr(e, "msg", None) or e).strip().splitlines()[0]
+        return f"{key}: {msg}" if key else msg
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def run(prog: str, job: Callable[[], R]) -> R:
+    """Run `job`; a user error or Ctrl-C exits with one line (status 1, or 130 for Ctrl-C)."""
+    try:
+        return job()
+    except USER_ERRORS as e:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        sys.exit(f"{prog}: error: {error_message(e)}")
+    except KeyboardInterrupt:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def hydra_entry(prog: str, hydra_main: Callable[[], object], schema: type | None = None) -> None:
+    """Run a `@hydra.main` function so that mistakes on the command line itself (an unknown
+    key, a missing config group option) end in one line too, like those `run` catches.
+
+    Hydra prints such errors over several lines unless HYDRA_FULL_ERROR is set, in which
+    case it raises them: set here, they are caught and shortened. A user who sets
+    HYDRA_FULL_ERROR or MT_TRACEBACK gets Hydra's traceback. With the command's `schema`,
+    the overrides Hydra would take otherwise than meant are rewritten first
+    (`overrides.rewrite`: a mix replaced, a null setting deleted, a comma in a text).
+    """
+    argv = sys.argv
+    sys.argv = [argv[0], *overrides.rewrite(argv[1:], schema)]
+    try:
+        if os.environ.get("HYDRA_FULL_ERROR") or os.environ.get(TRACEBACK_ENV):
+            hydra_main()
+            return
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        try:
+            hydra_main()
+        except (HydraException, OmegaConfBaseException, UserError) as e:
+            sys.exit(f"{prog}: error: {error_message(e)}")
+        finally:
+            del os.environ["HYDRA_FULL_ERROR"]
+    finally:
+        sys.argv = argv
+
+
+def run_command(prog: str, schema: type[C], cfg: DictConfig, job: Callable[[C], object]) -> None:
+    """Check `cfg` against `schema` (types and ranges) and run `job`, as `run` does.
+
+    Logging goes to stderr as `prog: LEVEL: message`.
+    """
+    setup_logging(prog)
+    run(prog, lambda: job(to_dataclass(schema, cfg)))
+
+
+def setup_logging(prog: str | None = None, log_file: Path | None = None, is_main: bool = True) -> None:
+    """Log to stderr (and to `log_file`) on rank 0; only warnings on other ranks.
+
+    With `prog`, lines read `prog: LEVEL: message` (the inference commands); without, they
+    carry a time stamp and the logger's name (training, whose log is kept in a file).
+    """
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None and is_main:
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            handlers.append(logging.FileHandler(log_file))
+        except OSError as e:
+            raise file_error(e, log_file, "write the log") from e
+    fmt = f"{prog}: %(levelname)s: %(message)s" if prog else \
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, format=fmt,
+                        handlers=handlers, force=True)

@@ -1,0 +1,175 @@
+"""`mt-evaluate`: translate a test set and score it with sacrebleu (BLEU, chrF, TER) and
+the name-copy rate (`transformer.decoding.name_copy`).
+
+    mt-evaluate checkpoint=runs/tatoeba_cpu/checkpoints/best test_set=tatoeba-test
+    mt-evaluate checkpoint=CKPT test_set=flores200-devtest decode=greedy
+    mt-evaluate checkpoint=CKPT test_set=dev data=tatoeba
+    mt-evaluate checkpoint=CKPT test_set=test data=iwslt2017          # the hub test split
+    mt-evaluate checkpoint=CKPT test_set=path/to/src.it,path/to/ref.en
+    mt-evaluate checkpoint=EXPORT_DIR test_set=tatoeba-test       # a CTranslate2 export (mt-export)
+
+Writes `{output_dir}/{name}.{method}.hyp` (one line per test sentence), the references
+it scored against (`.ref`) and a JSON report (`.json`: scores, sacrebleu signatures,
+checkpoint, decode settings, engine, time, sentences/s). The scores are sacrebleu's defaults, so
+`sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU. The name-copy
+rate is in percent beside them (`names`; null when the references copy no name), with its
+counts under `name_copy`. The three files are checked before the test set is read
+(`transformer/outputs.py`): one that exists is replaced only with force=true, and only if
+an earlier evaluation wrote it; an output_dir that is a file is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+from transformer import outputs
+from transformer.commands import cli
+from transformer.config import (
+    DataConfig,
+    DecodeConfig,
+    _at_most_workers,
+    _check_device,
+    _positive,
+    _require,
+)
+from transformer.data.corpus import DataError
+from transformer.data.pipeline import load_test_set
+from transformer.decoding.name_copy import SIGNATURE, name_copy
+from transformer.decoding.text import decode_settings, load_for_inference, translate_lines
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvaluateConfig:
+    checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
+    test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | europarl-test | dev | test | src,ref
+    output_dir: str = "outputs/eval"  # relative to the current directory
+    force: bool = False  # replace files an earlier mt-evaluate wrote there
+    max_sentences: int | None = None  # score only the first N sentences (quick checks)
+    device: str = "auto"
+    threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
+    progress: bool = True
+    data: DataConfig = field(default_factory=DataConfig)  # where the test sets live
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> None:
+        _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
+                 "required: add checkpoint=path/to/checkpoint_dir")
+        _require(bool(self.test_set), "test_set", self.test_set, "name a test set")
+        _positive("max_sentences", self.max_sentences, optional=True)
+        _check_device("device", self.device)
+        _positive("threads", self.threads, optional=True)
+        _at_most_workers("threads", self.threads)
+        self.data.validate("data")
+        self.decode.validate("decode")
+
+
+def score(hyps: list[str], refs: list[str], src: list[str] | None = None) -> dict:
+    """sacrebleu's corpus BLEU, chrF and TER with their signatures (default settings); given
+    the sources, also the name-copy rate (`names`, percent, None without names)."""
+    report: dict = {"scores": {}, "signatures": {}, "verbose": {}}
+    for metric in (BLEU(), CHRF(), TER()):
+        result = metric.corpus_score(hyps, [refs])
+        report["scores"][result.name] = round(result.score, 4)
+        report["signatures"][result.name] = str(metric.get_signature())
+        report["verbose"][result.name] = str(result)
+    if src is not None:
+        names = name_copy(src, hyps, refs)
+        rate = None if names.rate is None else round(100 * names.rate, 4)
+        report["scores"]["names"] = rate
+        report["signatures"]["names"] = SIGNATURE
+        report["verbose"]["names"] = names.verbose()
+        report["name_copy"] = asdict(names)
+    return report
+
+
+def file_stem(test_set: str) -> str:
+    """A file-name-safe name: the set's name, or the source file's name for a src,ref pair."""
+    return Path(test_set.split(",")[0]).name if "," in test_set else test_set
+
+
+def output_files(cfg: EvaluateConfig) -> dict[str, outputs.Output]:
+    """The hypotheses, references and report files under output_dir, checked before any
+    work (`outputs.check`), and never one of the inputs (the checkpoint, a src,ref pair)."""
+    out, stem, method = Path(cfg.output_dir), file_stem(cfg.test_set), cfg.decode.method
+    names = {"hyp": f"{stem}.{method}.hyp", "ref": f"{stem}.ref", "report": f"{stem}.{method}.json"}
+    files = {kind: outputs.Output(out / name, "output_dir", cfg.output_dir, "mt-evaluate", force=cfg.force)
+             for kind, name in names.items()}
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
+    for path in _inputs(cfg)[1:]:
+        outputs.check_input(path, "test_set")
+    for kind in ("hyp", "report"):
+        outputs.check(files[kind], _inputs(cfg))
+    return files
+
+
+def _inputs(cfg: EvaluateConfig) -> list[str | None]:
+    pair = [p.strip() for p in cfg.test_set.split(",", 1)] if "," in cfg.test_set else []
+    return [cfg.checkpoint, *pair]
+
+
+def evaluate(cfg: EvaluateConfig) -> dict:
+    """Translate and score `cfg.test_set`; write hypotheses, references and the report."""
+    files = output_files(cfg)
+    src, refs = load_test_set(cfg.test_set, cfg.data)  # before the model: a bad set costs nothing
+    if cfg.max_sentences is not None:
+        src, refs = src[: cfg.max_sentences], refs[: cfg.max_sentences]
+    if not src:
+        raise DataError(f"test set {cfg.test_set!r} has no sentence pairs to score")
+    # the same references for every method: an earlier evaluation's identical file is fine
+    outputs.check(files["ref"], _inputs(cfg), same_as="".join(f"{r}\n" for r in refs))
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
+    start = time.perf_counter()
+    decode = decode_settings(cfg.decode, device, model)  # device defaults filled in: what runs is what the report says
+    counts: dict[str, int] = {}
+    hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress,
+                           counts=counts)
+    seconds = time.perf_counter() - start
+    report = {
+        "test_set": cfg.test_set,
+        "sentences": len(src),
+        "split_sentences": counts["sentences"],  # what the splitter found in those lines
+        **score(hyps, refs, src),
+        "checkpoint": str(Path(cfg.checkpoint).resolve()),
+        "decode": asdict(decode),
+        "device": str(device),
+        "engine": getattr(model, "engine", f"pytorch {torch.__version__}"),
+        "seconds": round(seconds, 2),
+        "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
+    }
+    outputs.write_text(files["hyp"], "".join(f"{h}\n" for h in hyps))
+    outputs.write_text(files["ref"], "".join(f"{r}\n" for r in refs))
+    report["files"] = {k: str(v.path) for k, v in files.items()}
+    outputs.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    for name in ("BLEU", "chrF2", "TER", "names"):
+        print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
+    split = f"{counts['sentences']} after splitting" if decode.split_sentences else "not split"
+    print(f"{len(src)} sentences ({split}) in {seconds:.1f} s "
+          f"({report['sentences_per_second']} sent/s); "
+          f"report: {files['report'].path}")
+    return report
+
+
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="evaluate", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    cli.run_command("mt-evaluate", EvaluateConfig, cfg, evaluate)
+
+
+
+def main() -> None:
+    """The `mt-evaluate` console script."""
+    cli.hydra_entry("mt-evaluate", hydra_main, EvaluateConfig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""`mt-export`: a checkpoint as a CTranslate2 model directory or an Argos Translate package.
+
+    mt-export checkpoint=runs/tatoeba_cpu/checkpoints/best output=exports/tatoeba_int8 quantization=int8
+    mt-export checkpoint=runs/tatoeba_cpu/checkpoints/best output=exports/tatoeba.argosmodel format=argos
+
+The command only chooses the converter: `transformer/deploy/ct2_export.py` writes the
+CTranslate2 directory, `transformer/deploy/argos.py` the Argos package built on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer.commands import cli
+from transformer.deploy.argos import export_argos
+from transformer.deploy.ct2_export import ExportConfig, export_ct2
+
+
+def export(cfg: ExportConfig) -> Path:
+    """Write the export `cfg.format` names (`ct2` or `argos`) of `cfg.checkpoint` to `cfg.output`.
+
+    Args:
+        cfg: the `mt-export` settings (configs/export.yaml).
+
+    Returns:
+        The path written: the CTranslate2 directory or the `.argosmodel` file.
+    """
+    return export_argos(cfg) if cfg.format == "argos" else export_ct2(cfg)
+
+
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="export", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    cli.run_command("mt-export", ExportConfig, cfg, export)
+
+
+def main() -> None:
+    """The `mt-export` console script."""
+    cli.hydra_entry("mt-export", hydra_main, ExportConfig)
+
+
+if __name__ == "__main__":
+    main()

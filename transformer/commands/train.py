@@ -1,0 +1,227 @@
+"""`mt-train`: Hydra entry point of training (also `python -m transformer.commands.train`).
+
+    mt-train experiment=tatoeba_cpu
+    mt-train model=base trainer.precision=bf16 optim.lr=7e-4
+    mt-train -m hparams_search=europarl_tatoeba_cpu        # an Optuna study (transformer/commands/sweep.py)
+    torchrun --nproc_per_node=2 -m transformer.commands.train experiment=iwslt2017_base
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import datasets
+import hydra
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from transformer.checkpoint import CheckpointError, load_meta, load_model
+from transformer.commands import cli, sweep
+from transformer.config import TrainConfig, to_dataclass
+from transformer.data.pipeline import prepare_data
+from transformer.device import (
+    enable_fast_cuda_math,
+    keep_large_blocks_in_the_heap,
+    resolve_precision,
+)
+from transformer.model.transformer import build_model, count_parameters
+from transformer.paths import USER_PATH_KEYS, user_path
+from transformer.training import finetune
+from transformer.training.distributed import seed_everything, setup_distributed
+from transformer.training.run_dir import (
+    RunDir,
+    check_resumable,
+    open_run_dir,
+    remove_new_empty_dirs,
+)
+from transformer.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+_started: float | None = None  # when main() began: before Hydra made the run directory
+
+
+def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
+    """Run training as described by cfg; returns the trainer (its model and final state).
+
+    Every check that can fail on the user's settings runs before the data is prepared:
+    the run directory (lock, leftovers, whose checkpoints), the model config against the
+    checkpoint resumed, the precision on this device.
+    """
+    parent = None
+    if cfg.trainer.init_from:  # checked before anything is made: a refused run leaves nothing
+        parent = finetune.parent_checkpoint(cfg.trainer.init_from, cfg.trainer.resume)
+        finetune.check_tokenizer_setting(cfg.trainer.init_from, cfg.data.tokenizer)
+        finetune.check_architecture(parent, cfg.model)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(parent)))
+    dist_info, device = setup_distributed(cfg.trainer.device)
+    cli.setup_logging(is_main=dist_info.is_main)
+    # Rank 0 tidies the run directory (leftovers of a crash) before the others read it. If
+    # it refuses to start, torchrun stops the other workers.
+    if not dist_info.is_main:
+        dist.barrier()
+    run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, dist_info.is_main)
+    if dist_info.is_main and dist_info.world_size > 1:
+        dist.barrier()
+    try:
+        cli.setup_logging(log_file=run.path / "train.log", is_main=dist_info.is_main)
+        if dist.is_initialized():
+            log.info("distributed: %s backend, %d process(es), this one rank %d on %s",
+                     dist.get_backend(), dist_info.world_size, dist_info.rank, device)
+        _check_model_config(run, cfg)
+        precision, why = resolve_precision(cfg.trainer.precision, device)
+        log.info("precision: %s (%s)", precision, why)
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, precision=precision))
+        return _train(cfg, run_config_yaml, run, dist_info, device, parent)
+    finally:
+        run.close()
+
+
+def _check_model_config(run: RunDir, cfg: TrainConfig) -> None:
+    """Compare with the first readable checkpoint resumed (an unreadable one is skipped
+    here and, with a warning, by the trainer)."""
+    for candidate in run.resume_from:
+        try:
+            check_resumable(candidate, cfg.model)
+            return
+        except CheckpointError:
+            continue
+
+
+def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, device,
+           parent: Path | None) -> Trainer:
+    if device.type == "cuda":
+        enable_fast_cuda_math()
+    elif cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    if not (cfg.trainer.progress and dist_info.is_main):
+        datasets.disable_progress_bars()  # the encoding bars too, in a log file under nohup
+    # Rank 0 builds the vocabulary and encoded corpus first; the others then hit its cache.
+    if not dist_info.is_main:
+        dist.barrier()
+    data = prepare_data(cfg.data)
+    if dist_info.is_main and dist_info.world_size > 1:
+        dist.barrier()
+    if device.type == "cpu":  # after the data: preparing it must not leave its peak behind
+        keep_large_blocks_in_the_heap()
+    tok = data.tokenizer
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
+                                    bos_id=tok.bos_id, eos_id=tok.eos_id)
+    seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
+    model = build_model(model_cfg).to(device)
+    if parent is not None and not run.resume_from:  # a fine-tuning run's start; later, its own
+        model.load_state_dict(load_model(parent)[0].state_dict())
+        log.info("fine-tuning from %s (its step %s): its weights, a fresh optimizer and schedule",
+                 parent, load_meta(parent).get("step", "?"))
+    log.info("model: %s parameters, %s", f"{count_parameters(model):,}", model_cfg)
+    log.info("data: %s, %d training pairs, %s, vocabulary %d", cfg.data.describe(), len(data.train),
+             ", ".join(f"{len(ds)} {name} dev pairs" for name, ds in data.devs.items()), tok.vocab_size)
+    trainer = Trainer(dataclasses.replace(cfg, model=model_cfg), run_config_yaml, data, model,
+                      device, dist_info, owned=run.owned)
+    trainer.resume(run.resume_from)
+    if dist_info.is_main:  # only once every check has passed: a refused run changes nothing
+        (run.path / "config.yaml").write_text(run_config_yaml)
+    state = trainer.fit()
+    log.info("finished at step %d (epoch %d); best dev BLEU %.2f; %d skipped steps",
+             state.step, state.epoch, state.best_bleu, state.skipped_steps)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return trainer
+
+
+def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
+    """The checked TrainConfig and its YAML, run_dir set to Hydra's output directory.
+
+    configs/train.yaml makes `hydra.run.dir` follow `trainer.run_dir`, and a sweep
+    (`mt-train -m ...`) give each job the subdirectory `hydra.sweep.subdir` of
+    `hydra.sweep.dir`, so that no two jobs share checkpoints; setting `hydra.run.dir` or
+    `hydra.sweep.dir` directly is honoured too. The user's corpus paths are made
+    absolute (against the working directory), so the saved config names the same files.
+    A fine-tuning run (`trainer.init_from`) takes its model config from the checkpoint,
+    with the dropout rates the command line sets; any other `model.*` setting or a model
+    group on the command line is refused.
+    """
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:
+        run_dir = str(Path(hydra.sweep.dir) / hydra.sweep.subdir)
+    else:
+        run_dir = hydra.run.dir
+    OmegaConf.update(hydra_cfg, "trainer.run_dir", run_dir)
+    keys = [f"data.{key}" for key in USER_PATH_KEYS] + ["trainer.init_from"]
+    for key in keys:  # absolute in config.yaml: meaningful from any directory
+        value = OmegaConf.select(hydra_cfg, key)
+        if value:
+            OmegaConf.update(hydra_cfg, key, str(user_path(value)))
+    init_from = OmegaConf.select(hydra_cfg, "trainer.init_from")
+    if init_from:  # the model is the checkpoint's, and only dropout may be overridden
+        parent = finetune.parent_checkpoint(init_from, hydra_cfg.trainer.resume)
+        explicit = {k: OmegaConf.select(hydra_cfg, f"model.{k}")
+                    for k in finetune.command_line_model_keys(list(hydra.overrides.task))}
+        model = finetune.model_from_parent(parent, explicit)
+        OmegaConf.update(hydra_cfg, "model", dataclasses.asdict(model), merge=False)
+    return to_dataclass(TrainConfig, hydra_cfg), OmegaConf.to_yaml(hydra_cfg, resolve=True)
+
+
+def job(hydra_cfg: DictConfig) -> float:
+    """One `mt-train` run; returns its best mean dev BLEU, the objective a sweeper reads.
+
+    In a sweep (`mt-train -m`) a run is a trial: one that diverges scores 0 and the sweep
+    goes on (`sweep.trial_score`); alone, it ends the command with one line and status 1.
+    """
+    cfg, run_config_yaml = configure(hydra_cfg)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        sweep.join_submitit_tasks()  # a trial of several submitit tasks trains with DDP
+        return sweep.trial_score(lambda: train(cfg, run_config_yaml))
+    return train(cfg, run_config_yaml).state.best_bleu
+
+
+class RunDirPath(Callback):
+    """Hydra callback (configs/train.yaml): Hydra makes the run (or sweep) directory before
+    mt-train starts, and a path that is a file, or lies under one, would end in its
+    traceback; this ends the command in one line instead, before anything is made."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_unless_makeable(Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_unless_makeable(Path(config.hydra.sweep.dir))
+
+
+def _exit_unless_makeable(path: Path) -> None:
+    # Hydra turns a callback's exception into a warning: exit here (SystemExit passes).
+    where = path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if path.exists() and not path.is_dir():
+        sys.exit(f"mt-train: error: trainer.run_dir={path}: exists and is not a directory")
+    if not where.is_dir():
+        sys.exit(f"mt-train: error: trainer.run_dir={path}: cannot be made: {where} is a file")
+
+
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="train", version_base="1.3")
+def hydra_main(hydra_cfg: DictConfig) -> float:
+    try:
+        return cli.run("mt-train", lambda: job(hydra_cfg))
+    except SystemExit as e:  # refused or interrupted: take back the empty directories Hydra made
+        if e.code not in (0, None) and _started is not None:
+            remove_new_empty_dirs(HydraConfig.get().runtime.output_dir, _started, Path.cwd())
+        raise
+
+
+def main() -> None:
+    """The `mt-train` console script."""
+    global _started
+    _started = time.time() - 1.0  # file times come from a coarser clock, up to a tick behind
+    cli.hydra_entry("mt-train", hydra_main, TrainConfig)
+
+
+if __name__ == "__main__":
+    main()

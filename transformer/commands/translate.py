@@ -1,0 +1,141 @@
+"""`mt-translate`: translate Italian text with a checkpoint (also `python -m transformer.commands.translate`).
+
+    echo "Ciao, come stai?" | mt-translate checkpoint=runs/tatoeba_cpu/checkpoints/best
+    mt-translate checkpoint=CKPT input.file=news.it output=news.en decode=greedy
+    mt-translate checkpoint=CKPT input.text="Che ore sono?" decode.nbest=3
+    mt-translate checkpoint=EXPORT_DIR input.file=news.it       # a CTranslate2 export (mt-export)
+
+One output line per input line, in input order; an empty input line gives an empty
+output line. Each line is split into sentences, which are translated and joined again
+(decode.split_sentences=false feeds every line whole); the summary line on stderr counts both. With decode.nbest > 1 each input gives nbest lines `i ||| hyp ||| score`
+(fairseq's layout, i counting input lines from 0). The library behind it is
+`transformer.decoding.text` (`translate_lines`, `translate_nbest`).
+
+`output=FILE` is checked before the model is loaded (`transformer/outputs.py`): a file
+that exists is replaced only with force=true and only if mt-translate wrote it, never the
+input itself; missing folders are made. The file is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer import outputs
+from transformer.commands import cli
+from transformer.config import (
+    ConfigError,
+    DecodeConfig,
+    _at_most_workers,
+    _check_device,
+    _positive,
+    _require,
+)
+from transformer.data.corpus import decode_lines, read_lines
+from transformer.decoding.text import format_nbest, load_for_inference, translate_nbest
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class InputConfig:
+    file: str | None = None  # read this file; neither file nor text: read stdin
+    text: str | None = None  # translate this string (one line per line of it)
+
+
+@dataclass
+class TranslateConfig:
+    checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
+    input: InputConfig = field(default_factory=InputConfig)
+    output: str | None = None  # write this file; null: stdout
+    force: bool = False  # replace output if an earlier mt-translate wrote it
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
+    progress: bool = True  # tqdm bar on stderr when translating a file
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> None:
+        _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
+                 "required: add checkpoint=path/to/checkpoint_dir")
+        _require(self.input.file is None or self.input.text is None, "input.text", self.input.text,
+                 "give input.file or input.text, not both")
+        _check_device("device", self.device)
+        _positive("threads", self.threads, optional=True)
+        _at_most_workers("threads", self.threads)
+        self.decode.validate("decode")
+
+
+def read_input(cfg: InputConfig) -> list[str]:
+    if cfg.text is not None:
+        return cfg.text.split("\n")
+    if cfg.file is not None:
+        return read_lines(cfg.file)
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise ConfigError("stdin is closed and no input was given: add input.file=FILE or "
+                          "input.text=...")
+    return decode_lines(sys.stdin.buffer, "<stdin>")
+
+
+def output_of(cfg: TranslateConfig) -> outputs.Output | None:
+    """The output file, checked (None for stdout), and the inputs: before any work."""
+    outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
+    outputs.check_input(cfg.input.file, "input.file")
+    if cfg.output is None:
+        return None
+    out = outputs.Output.of(cfg.output, "output", "mt-translate", force=cfg.force)
+    outputs.check(out, inputs=[cfg.input.file, cfg.checkpoint])
+    return out
+
+
+def write_output(lines: list[str], out: outputs.Output | None) -> None:
+    text = "".join(f"{line}\n" for line in lines)
+    if out is not None:
+        outputs.write_text(out, text)
+        return
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        raise ConfigError("stdout is closed: add output=FILE")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def translate(cfg: TranslateConfig) -> None:
+    out = output_of(cfg)
+    lines = read_input(cfg.input)  # before loading the model: a bad input costs nothing
+    if cfg.output is None and sys.stdout is None:
+        raise ConfigError("stdout is closed: add output=FILE")
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
+    progress = cfg.progress and cfg.input.file is not None
+    start, counts = time.perf_counter(), {}
+    nbest = translate_nbest(model, tokenizer, lines, cfg.decode, device, progress, counts=counts)
+    log.info("translated %d line(s), %d sentence(s) in %.1f s", counts["lines"],
+             counts["sentences"], time.perf_counter() - start)
+    if cfg.decode.nbest > 1:
+        write_output(format_nbest(nbest), out)
+    else:
+        write_output([hyps[0][0] for hyps in nbest], out)
+
+
+# An absolute config path: "../configs" is resolved as a Python package when main() is
+# called from another module (tests, notebooks) rather than run as a script.
+@hydra.main(config_path=cli.CONFIG_PATH, config_name="translate", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> None:
+    cli.run_command("mt-translate", TranslateConfig, cfg, translate)
+
+
+
+def main() -> None:
+    """The `mt-translate` console script."""
+    cli.hydra_entry("mt-translate", hydra_main, TranslateConfig)
+
+
+if __name__ == "__main__":
+    main()

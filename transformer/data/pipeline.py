@@ -1,0 +1,449 @@
+"""The data pipeline's entry points: `prepare_data` for training, `load_test_set` for evaluation.
+
+prepare_data streams: read -> clean (NFC, whitespace, empty pairs) into Arrow files on
+disk (`cleaned.py`) -> joint SentencePiece vocabulary -> encode and length-filter (train
+only) chunk by chunk into the cache (`encoding.py`), with `data.num_proc` worker
+processes (`workers.py`). A mix of corpora (`data.name=mix`) goes through the same steps
+per corpus, with one vocabulary trained on a sample balanced by the corpora's weights.
+The result is cached under `{cache_dir}/prepared-<key>/`, keyed by the cleaned text's
+digest and every setting that changes it, so a second run only memory-maps it back. For
+local files a `source-<key>` note maps their path, size and mtime to that key, so a run
+on unchanged files finds the cache without reading them; a copied or touched corpus is
+read and cleaned again but finds the same cache by its text.
+Batching lives in `batching.py`, reading corpora in `corpus.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from transformer import outputs
+from transformer.config import DataConfig
+from transformer.data import corpus
+from transformer.data.batching import batching_statistics, token_lengths
+from transformer.data.clean_split import CleanSplit, clean_corpus
+from transformer.data.corpus import DataError
+from transformer.data.encode_split import ARROW, LengthFilter, SplitWriter
+from transformer.data.mixture import CorpusMixture, mix_sample
+from transformer.data.tokenizer import (
+    TOKENIZER_RECIPE,
+    Tokenizer,
+    atomic_write,
+    load_or_train_tokenizer,
+)
+from transformer.data.workers import Workers
+from transformer.paths import project_path, user_path
+
+log = logging.getLogger(__name__)
+
+_PIPELINE_VERSION = "3"  # bump when cleaning, encoding or the layout changes, to invalidate caches
+@dataclass
+class PreparedData:
+    """What training needs: the tokenizer and the encoded splits.
+
+    `train` and every dev set have columns `src`, `tgt` (normalised text: dev keeps it for
+    BLEU) and `src_ids`, `tgt_ids` (list[int], no BOS/EOS). With several corpora
+    (`data.name=mix`), `train` holds their pairs one corpus after the other, in the order
+    of `sizes`, and `devs` has one dev set per corpus.
+    """
+
+    tokenizer: Tokenizer
+    train: datasets.Dataset
+    devs: dict[str, datasets.Dataset]
+    sizes: dict[str, int]  # training pairs per corpus, in the order `train` holds them
+    weights: dict[str, float] | None = None  # a mix's weights (share of an epoch's pairs)
+    stats: dict = field(default_factory=dict)  # see `prepare.format_statistics`
+    path: Path | None = None  # the cache folder it was saved to / loaded from
+    from_cache: bool = False
+    # a mix's schedule (data.phases: epochs and weights of the first epochs; data.epoch_pairs),
+    # set from the settings, not the cache: it shapes the draws, not the data
+    phases: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    epoch_pairs: int | None = None
+
+    @property
+    def dev(self) -> datasets.Dataset:
+        """The first dev set (the only one of a single corpus)."""
+        return next(iter(self.devs.values()))
+
+    def mixture(self, seed: int) -> CorpusMixture | None:
+        """How epochs draw from the corpora of a mix (None for a single corpus)."""
+        if self.weights is None:
+            return None
+        phases = [(epochs, [weights.get(c, 0.0) for c in self.sizes]) for epochs, weights in self.phases]
+        return CorpusMixture(list(self.sizes.values()), [self.weights[c] for c in self.sizes], seed,
+                             phases, self.epoch_pairs)
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[phase] = round(time.perf_counter() - start, 3)
+
+
+def corpus_configs(cfg: DataConfig) -> dict[str, DataConfig]:
+    """One DataConfig per corpus: the corpora of a mix, or `cfg` itself."""
+    if cfg.name != "mix":
+        return {cfg.name: cfg}
+    return {name: dataclasses.replace(cfg, name=name, corpora={}) for name in cfg.corpora}
+
+
+def prepare_data(cfg: DataConfig) -> PreparedData:
+    """Load, clean, tokenize and encode the corpora of `cfg`, or reuse the cached result.
+
+    Streams: the corpora are read, cleaned and hashed in chunks into Arrow files under a
+    temporary folder of the cache (`cleaned.py`), then encoded chunk by chunk into the
+    cache itself; memory does not grow with the corpus.
+
+    Under DDP, call it on rank 0 first and on the other ranks after a barrier, so that
+    they load the cache instead of all preparing the same data at once.
+    """
+    timer = _Timer()
+    check_cache_dir(cfg)
+    source = _source_key(cfg)  # None for the remote hub, whose files cannot be stat'ed
+    with timer("load cached"):
+        known = _read_source_note(cfg, source) if source else None
+        prepared = _load_prepared(cfg, known) if known else None
+    if prepared is None:
+        del timer.seconds["load cached"]
+        work = _work_folder(cfg)
+        try:
+            with Workers(cfg.num_proc) as workers:
+                with timer("read and clean"):
+                    corpora = {name: clean_corpus(sub, work, _prefix(cfg, name), workers)
+                               for name, sub in corpus_configs(cfg).items()}
+                key = _content_key(cfg, corpora)
+                prepared = _load_prepared(cfg, key)  # the same text, prepared before (copied, touched)
+                if prepared is None:
+                    prepared = _build(cfg, key, corpora, workers, timer)
+                else:  # the raw files may differ (blank lines, CRLF): count what these ones held
+                    _count_raw(cfg, corpora, prepared.stats)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if source:
+            _write_source_note(cfg, source, key)
+    if prepared.from_cache:
+        log.info("reusing prepared data %s", prepared.path)
+    prepared.phases = [(p.epochs, dict(p.corpora)) for p in cfg.phases]
+    prepared.epoch_pairs = cfg.epoch_pairs
+    with timer("batching"):  # batching settings are not part of the cache key
+        lengths = token_lengths(prepared.train)
+        prepared.stats["batching"] = batching_statistics(
+            *lengths, cfg.max_tokens, cfg.bucket_chunk, prepared.mixture(seed=0))
+    prepared.stats["seconds"] = timer.seconds
+    return prepared
+
+
+# What the cache holds: prepared data, tokenizers, source notes, their temporary
+# folders and files, the hub's downloads (`hf/`).
+_CACHE_ENTRY = re.compile(r"\.?(prepared|source|spm)-.*|\.cleaning-.*|hf")
+
+
+def check_cache_dir(cfg: DataConfig) -> None:
+    """Refuse, before any work, a data.cache_dir that is a file, holds the user's files or
+    the corpus itself (`outputs.check_folder`)."""
+    inputs = [p for sub in corpus_configs(cfg).values()
+              for paths in (corpus.corpus_files(sub) or {}).values() for p in paths]
+    out = outputs.Output(project_path(cfg.cache_dir), "data.cache_dir", cfg.cache_dir, "mt-prepare")
+    outputs.check_folder(out, inputs, lambda name: _CACHE_ENTRY.fullmatch(name) is not None)
+
+
+def _work_folder(cfg: DataConfig) -> Path:
+    """A temporary folder for the cleaned text: in the cache (same disk as the result),
+    or the system's temporary folder if the cache cannot be written (a shared, read-only
+    cache still serves runs whose data it holds)."""
+    cache = project_path(cfg.cache_dir)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=cache, prefix=".cleaning-"))
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="mt-cleaning-"))
+
+
+def _prefix(cfg: DataConfig, name: str) -> str:
+    """Split names in statistics and messages: `train`, or `train/europarl` in a mix."""
+    return f"/{name}" if cfg.name == "mix" else ""
+
+
+def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]], workers: Workers,
+           timer: _Timer) -> PreparedData:
+    """Vocabulary, encoding and length filters, written into the cache under `key` (via a
+    temporary folder renamed when complete) and reopened memory-mapped."""
+    stats: dict = {}
+    _count_raw(cfg, corpora, stats)
+    with timer("vocabulary"):
+        tokenizer, spm_path = _tokenizer(cfg, {name: splits["train"] for name, splits in corpora.items()})
+    final = project_path(cfg.cache_dir) / f"prepared-{key}"
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        with timer("encode"):
+            sizes = {}
+            with SplitWriter(tmp / "train" / ARROW) as train:
+                for name, splits in corpora.items():
+                    label = f"train{_prefix(cfg, name)}"
+                    sizes[name] = train.write(splits["train"], tokenizer, workers, cfg.num_proc,
+                                              LengthFilter(cfg.max_len, cfg.max_len_ratio, label,
+                                                           stats["dropped"][label]))
+            for name, splits in corpora.items():
+                with SplitWriter(tmp / "dev" / name / ARROW) as dev:
+                    dev.write(splits["dev"], tokenizer, workers, cfg.num_proc)
+        with timer("save"):
+            stats.update(corpus_statistics(tmp, sizes, tokenizer, cfg))
+            (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
+            meta = {"tokenizer": spm_path.name, "settings": _settings(cfg), "corpora": list(sizes),
+                    "sizes": list(sizes.values()),
+                    "weights": [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            if final.exists() and not (final / "meta.json").exists():
+                shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
+            with contextlib.suppress(OSError):  # a DDP rank saved the same data first: keep theirs
+                tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    prepared = _load_prepared(cfg, key)  # memory-mapped, identical to what a cached run returns
+    assert prepared is not None
+    prepared.from_cache = False
+    return prepared
+
+
+def _count_raw(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]], stats: dict) -> None:
+    """Record in `stats` each split's pairs as read and those cleaning dropped (the length
+    filters add theirs to the same `dropped` entries)."""
+    for name, splits in corpora.items():
+        for split, clean in splits.items():
+            label = f"{split}{_prefix(cfg, name)}"
+            stats.setdefault("raw_pairs", {})[label] = clean.raw
+            stats.setdefault("dropped", {}).setdefault(label, {}).update(empty=clean.empty)
+
+
+def given_tokenizer(path: str) -> Tokenizer:
+    """The SentencePiece model `data.tokenizer` names: a .model file, or a checkpoint
+    directory's tokenizer.model. A missing or unreadable one is a DataError naming it."""
+    f = user_path(path)
+    if f.is_dir():
+        f = f / "tokenizer.model"
+    if not f.is_file():
+        raise DataError(f"data.tokenizer={path}: no SentencePiece model at {f}")
+    try:
+        return Tokenizer.load(f)
+    except Exception as e:
+        raise DataError(f"data.tokenizer={path}: {f} is not a SentencePiece model "
+                        f"({' '.join(str(e).split())})") from None
+
+
+def _tokenizer(cfg: DataConfig, trains: dict[str, CleanSplit]) -> tuple[Tokenizer, Path]:
+    """The joint vocabulary: `data.tokenizer`'s, or trained on the corpus's sentences (a
+    seeded sample of `spm_input_sentence_size`), or for a mix on a sample of them
+    balanced by the weights (cached under a digest of exactly that text)."""
+    if cfg.tokenizer:  # copied into the cache, which names its tokenizer by file name
+        tokenizer = given_tokenizer(cfg.tokenizer)
+        path = project_path(cfg.cache_dir) / f"spm-given-{tokenizer.digest}.model"
+        if not path.is_file():
+            atomic_write(path, tokenizer.proto)
+        log.info("encoding with the given tokenizer %s (%d pieces)", cfg.tokenizer, tokenizer.vocab_size)
+        return tokenizer, path
+    spm = (cfg.spm_vocab_size, cfg.spm_model_type, cfg.spm_character_coverage, cfg.spm_input_sentence_size)
+    if cfg.name != "mix":
+        (train,) = trains.values()
+        return load_or_train_tokenizer(_Lazy(lambda: train.sentences(cfg.spm_input_sentence_size)), train.digest,
+                                       project_path(cfg.cache_dir), *spm, setting="data.spm_vocab_size")
+    weights = [cfg.corpora[name] for name in trains]
+    sample = mix_sample(list(trains.values()), weights, cfg.spm_input_sentence_size)
+    text_digest = hashlib.sha256("\n".join(sample).encode()).hexdigest()[:16]
+    return load_or_train_tokenizer(sample, text_digest, project_path(cfg.cache_dir), *spm,
+                                   setting="data.spm_vocab_size")
+
+
+class _Lazy:
+    """An iterable made only when iterated: a cached vocabulary never reads its sample."""
+
+    def __init__(self, make: Callable[[], Iterable[str]]) -> None:
+        self.make = make
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.make())
+
+
+# --- statistics ----------------------------------------------------------------------
+
+
+def corpus_statistics(folder: Path, sizes: dict[str, int], tokenizer: Tokenizer, cfg: DataConfig) -> dict:
+    """Pairs, tokens, mean/max lengths per split (a mix's train split per corpus), and the
+    vocabulary size (see prepare.py)."""
+    stats: dict = {"vocab_size": tokenizer.vocab_size, "splits": {}}
+    src, tgt = token_lengths(datasets.Dataset.from_file(str(folder / "train" / ARROW)))
+    bounds = np.cumsum([0, *sizes.values()])
+    parts = {f"train{_prefix(cfg, n)}": (src[a:b], tgt[a:b])
+             for n, a, b in zip(sizes, bounds[:-1], bounds[1:], strict=True)}
+    for n in sizes:
+        parts[f"dev{_prefix(cfg, n)}"] = token_lengths(datasets.Dataset.from_file(str(folder / "dev" / n / ARROW)))
+    for name, (s, t) in parts.items():
+        stats["splits"][name] = {
+            "pairs": len(s),
+            "src_tokens": int(s.sum()),
+            "tgt_tokens": int(t.sum()),
+            "src_mean_len": round(float(s.mean()), 2),
+            "tgt_mean_len": round(float(t.mean()), 2),
+            "src_max_len": int(s.max()),
+            "tgt_max_len": int(t.max()),
+        }
+    return stats
+
+
+# --- cache ---------------------------------------------------------------------------
+
+# Settings that change the prepared data (not batching or parallelism).
+_KEY_FIELDS = (
+    "name", "corpora", "root", "src_lang", "tgt_lang", "train_src", "train_tgt", "dev_src", "dev_tgt",
+    "hub_id", "hub_config", "hub_revision", "hub_local_dir", "max_len", "max_len_ratio",
+    "max_train_pairs", "spm_vocab_size", "spm_model_type", "spm_character_coverage",
+    "spm_input_sentence_size",
+)  # fmt: skip
+
+
+# Where the text comes from, not what it is: left out of the key of the text itself.
+_LOCATION_FIELDS = (
+    "root", "train_src", "train_tgt", "dev_src", "dev_tgt", "hub_id", "hub_config",
+    "hub_revision", "hub_local_dir",
+)  # fmt: skip
+
+
+def _settings(cfg: DataConfig, location: bool = True) -> str:
+    fields = _KEY_FIELDS if location else tuple(f for f in _KEY_FIELDS if f not in _LOCATION_FIELDS)
+    settings = {k: v for k, v in asdict(cfg).items() if k in fields}
+    if cfg.tokenizer:  # a given vocabulary: its content counts, not the spm_* settings
+        settings = {k: v for k, v in settings.items() if not k.startswith("spm_")}
+        settings["tokenizer"] = given_tokenizer(cfg.tokenizer).digest
+    return json.dumps([_PIPELINE_VERSION, TOKENIZER_RECIPE, settings], sort_keys=True)
+
+
+def _source_key(cfg: DataConfig) -> str | None:
+    """The settings and each corpus file's path, size and mtime, hashed: which prepared
+    data these files held when last read is noted under it (`source-<key>`)."""
+    stamps = []
+    for sub in corpus_configs(cfg).values():
+        files = corpus.corpus_files(sub)
+        if files is None:
+            return None
+        for p in (p for paths in files.values() for p in paths):
+            if not p.is_file():
+                raise DataError(f"corpus file not found: {p}")
+            st = p.stat()
+            stamps.append((str(p.resolve()), st.st_size, st.st_mtime_ns))
+    return hashlib.sha256(json.dumps([_settings(cfg), stamps]).encode()).hexdigest()[:16]
+
+
+def _read_source_note(cfg: DataConfig, source: str) -> str | None:
+    note = project_path(cfg.cache_dir) / f"source-{source}"
+    try:
+        key = note.read_text().strip()
+    except (OSError, UnicodeDecodeError):  # none yet, or unreadable: read the files
+        return None
+    return key if re.fullmatch(r"[0-9a-f]{16}", key) else None  # anything else: read the files
+
+
+def _write_source_note(cfg: DataConfig, source: str, key: str) -> None:
+    note = project_path(cfg.cache_dir) / f"source-{source}"
+    try:
+        atomic_write(note, f"{key}\n".encode())  # a reader sees the old note or the new one
+    except OSError as e:  # only a shortcut: a read-only or full cache still serves this run
+        log.warning("could not write %s (%s): the corpus files will be read again next time", note, e)
+
+
+def _content_key(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]]) -> str:
+    """The cache key: the cleaned text of every split and the settings that change what is
+    made of it (not where the files are)."""
+    digests = {f"{name}/{split}": clean.digest for name, splits in corpora.items() for split, clean in splits.items()}
+    return hashlib.sha256(json.dumps([_settings(cfg, location=False), digests]).encode()).hexdigest()[:16]
+
+
+def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
+    """The cached data of `key`, or None if there is none. A damaged cache is an error
+    that names the file and how to rebuild it.
+
+    Layout: `train/data.arrow` (every corpus's pairs, in the order of `meta.json`'s
+    `corpora`), `dev/<corpus>/data.arrow`, `meta.json`, `stats.json`.
+    """
+    path = project_path(cfg.cache_dir) / f"prepared-{key}"
+    meta_file = path / "meta.json"
+    if not meta_file.is_file():
+        return None
+    rebuild = f"delete {path} (and the tokenizer it names) to rebuild it"
+    try:
+        meta = json.loads(meta_file.read_text())
+        names, sizes, weights = meta["corpora"], meta["sizes"], meta["weights"]
+        spm_file = path.parent / meta["tokenizer"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise DataError(f"corrupt prepared-data cache {meta_file} ({e!r}): {rebuild}") from None
+    try:
+        tokenizer = Tokenizer.load(spm_file)
+    except Exception as e:
+        raise DataError(f"corrupt cached tokenizer {spm_file} ({' '.join(str(e).split())}): "
+                        f"delete it and {path} to rebuild them") from None
+    try:
+        train = datasets.Dataset.from_file(str(path / "train" / ARROW))
+        devs = {n: datasets.Dataset.from_file(str(path / "dev" / n / ARROW)) for n in names}
+    except Exception as e:
+        raise DataError(f"corrupt prepared-data cache {path} ({' '.join(str(e).split())}): "
+                        f"{rebuild}") from None
+    if len(train) != sum(sizes):
+        raise DataError(f"corrupt prepared-data cache {path} ({len(train)} training pairs, "
+                        f"meta.json says {sum(sizes)}): {rebuild}")
+    stats_file = path / "stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+    return PreparedData(tokenizer, train, devs, dict(zip(names, sizes, strict=True)),
+                        dict(zip(names, weights, strict=True)) if weights else None,
+                        stats, path, from_cache=True)
+
+
+# --- evaluation sets -----------------------------------------------------------------
+
+
+def load_test_set(name_or_paths: str, cfg: DataConfig) -> tuple[list[str], list[str]]:
+    """Source and reference lines of a test set, normalised like the training data.
+
+    `name_or_paths` is `tatoeba-test`, `flores200-devtest` or `europarl-test` (from
+    `{root}/eval`), `dev` (the configured corpus's dev split), `test` (the hub test split
+    of iwslt2017/opus100) or two files `src_path,ref_path`.
+    """
+    if name_or_paths in corpus.EVAL_SETS:
+        folder = project_path(cfg.root) / "eval"
+        pairs = corpus.read_parallel(
+            folder / f"{name_or_paths}.{cfg.src_lang}", folder / f"{name_or_paths}.{cfg.tgt_lang}"
+        )
+    elif name_or_paths in ("dev", "test"):
+        if cfg.name == "mix":
+            raise DataError(f"test_set={name_or_paths} is ambiguous for a mix of corpora: name one, "
+                            f"e.g. data={next(iter(cfg.corpora))} test_set={name_or_paths}")
+        pairs = corpus.load_split(cfg, name_or_paths)
+    elif "," in name_or_paths:
+        src, ref = (p.strip() for p in name_or_paths.split(",", 1))
+        pairs = corpus.read_parallel(user_path(src), user_path(ref))
+    else:
+        raise DataError(
+            f"unknown test set {name_or_paths!r}: {', '.join(corpus.EVAL_SETS)}, dev, test "
+            "or src_path,ref_path"
+        )
+    src, tgt = corpus.clean(pairs.src, pairs.tgt)
+    if len(src) < len(pairs):
+        log.warning("%s: dropped %d pairs with an empty side", pairs.origin, len(pairs) - len(src))
+    return src, tgt

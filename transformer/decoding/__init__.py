@@ -1,0 +1,11 @@
+"""Translating: beam and greedy search, text in and text out, a CTranslate2 model, `Translator`.
+
+`search.py` is batched greedy and beam search on the model's key/value cache; `text.py`
+the path from a user's lines to translations (normalise, split into sentences, encode,
+batch by length, search, decode, rejoin); `ct2_model.py` runs a CTranslate2 export in our
+model's place; `translator.py` is the Python face (`Translator.load(path).translate(lines)`);
+`name_copy.py` the name-copy rate that mt-evaluate and validation report.
+
+May import: the top-level modules, `transformer.model`, `transformer.data`; never training,
+deployment or the commands.
+"""

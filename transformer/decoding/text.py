@@ -1,0 +1,238 @@
+"""Translating text with a model: normalise, encode, batch by length, search, decode.
+
+The library behind `mt-translate`, `mt-evaluate` and the trainer's dev BLEU:
+
+    model, tokenizer, device = load_for_inference("runs/x/checkpoints/best", "auto")
+    translate_lines(model, tokenizer, ["Ciao!"], DecodeConfig(method="greedy"))  # ["Hi!"]
+    translate_nbest(model, tokenizer, lines, DecodeConfig(nbest=3))   # [[(text, score), ...]]
+
+Each line is split into sentences first (`transformer.data.sentences`; decode.split_sentences)
+and put back together after, so a paragraph translates as its sentences do.
+
+`decode_settings` fills in the device-dependent defaults of a DecodeConfig (precision,
+batch size) and checks the settings against the model, so that what runs is what a
+report says ran.
+
+`load_for_inference` also opens a CTranslate2 export (mt-export, `transformer/decoding/ct2_model.py`):
+a `CT2Model`, which `translate_nbest` asks for its own search instead of `search.search`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import sys
+from collections.abc import Callable
+
+import torch
+from tqdm import tqdm
+
+from transformer.bounds import check_decode_memory
+from transformer.checkpoint import CheckpointError, load_model
+from transformer.config import ConfigError, DecodeConfig
+from transformer.data.batching import length_batches, pad
+from transformer.data.corpus import normalize
+from transformer.data.sentences import Segments, join_texts, segment
+from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.ct2_model import CT2Model, is_export, load_export
+from transformer.decoding.search import search
+from transformer.device import (
+    autocast,
+    keep_large_blocks_in_the_heap,
+    resolve_device,
+    resolve_precision,
+)
+
+log = logging.getLogger(__name__)
+
+# Measured on the small model: on a CPU, batches of 2,000 source tokens decode greedy and
+# beam 5 about 1.16x faster than 8,000 (README, "Decoding speed").
+CPU_MAX_TOKENS, CUDA_MAX_TOKENS = 2000, 8000
+
+
+def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> DecodeConfig:
+    """`cfg` with its device-dependent defaults filled in.
+
+    precision auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16,
+    else fp32 (`device.resolve_precision`); max_tokens null: 8000 source tokens per batch
+    on CUDA, 2000 on a CPU. An exported `model` computes in the type it was exported with:
+    its precision stays auto, and any other is refused.
+    """
+    cfg.validate()
+    if isinstance(model, CT2Model):
+        if cfg.precision != "auto":
+            raise ConfigError(f"decode.precision={cfg.precision}: an exported model computes "
+                              f"in the type it was exported with ({model.quantization}); "
+                              "leave decode.precision=auto")
+        precision = "auto"
+    else:
+        precision, _ = resolve_precision(cfg.precision, device, key="decode.precision")
+    max_tokens = cfg.max_tokens
+    if max_tokens is None:
+        max_tokens = CUDA_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS
+    return dataclasses.replace(cfg, precision=precision, max_tokens=max_tokens)
+
+
+def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list[list[int]]:
+    """Normalise as the training data was, encode, and cut to `max_len` (the model's
+    max_positions)
+
+    The ids are what `batching.collate` puts on the source side: no BOS, no EOS.
+    """
+    ids = tokenizer.encode([normalize(line) for line in lines])
+    too_long = [i for i, seq in enumerate(ids) if len(seq) > max_len]
+    if too_long:
+        shown = ", ".join(str(i + 1) for i in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
+        log.warning("%d input line(s) longer than the model's limit of %d tokens were "
+                    "truncated (line %s)", len(too_long), max_len, shown)
+    return [seq[:max_len] for seq in ids]
+
+
+def check_length_limits(cfg: DecodeConfig, src: list[list[int]], max_positions: int) -> None:
+    """Refuse a min_len the model cannot write; say when it lifts a sentence's max length.
+
+    A hypothesis holds at most max_positions - 1 tokens (BOS takes a position); search
+    raises the limit a * |x| + b of a sentence to min_len where that is below it.
+    """
+    longest = max_positions - 1
+    if cfg.min_len > longest:
+        raise ConfigError(f"decode.min_len={cfg.min_len}: this model writes at most {longest} "
+                          f"tokens (its max_positions={max_positions}, one position for BOS)")
+    lifted = sum(1 for ids in src if ids and int(cfg.max_len_a * len(ids) + cfg.max_len_b) < cfg.min_len)
+    if lifted:
+        log.warning("decode.min_len=%d is above the length limit a * |x| + b (a=%s, b=%d) of %d "
+                    "sentence(s): their limit is raised to min_len", cfg.min_len, cfg.max_len_a,
+                    cfg.max_len_b, lifted)
+
+
+def translate_nbest(
+    model,
+    tokenizer: Tokenizer,
+    lines: list[str],
+    cfg: DecodeConfig,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    after_batch: Callable[[], object] | None = None,
+    counts: dict[str, int] | None = None,
+) -> list[list[tuple[str, float]]]:
+    """The n-best (text, score) list of every line, in input order.
+
+    Each line is split into sentences (cfg.split_sentences, `sentences.segment`) and a
+    sentence longer than the model's max_positions into pieces; all of them are decoded
+    together and each line's translations joined again (`join_nbest`). `counts`, if given,
+    receives the numbers of lines, sentences and decoded units (sentences and pieces).
+    Empty lines are not decoded: they give [("", 0.0)]. Our model is put in eval mode
+    for the call and restored afterwards; an exported model (`ct2.CT2Model`) runs its
+    own search on the same batches. `after_batch` is called after each decoding batch
+    (training's validation gives its `device.HeapTrimmer`: a batch's growing key/value
+    caches leave heap holes of every length).
+    """
+    model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
+    exported = isinstance(model, CT2Model)
+    if device is None:
+        device = model.device if exported else next(model.parameters()).device
+    device = torch.device(device)
+    cfg = decode_settings(cfg, device, model)
+    segs = segment(lines, tokenizer, model.cfg.max_positions, cfg.split_sentences)
+    _warn_long(segs, model.cfg.max_positions)
+    if counts is not None:
+        counts.update(lines=len(lines), sentences=segs.sentences, units=len(segs.ids))
+    src = segs.ids
+    check_length_limits(cfg, src, model.cfg.max_positions)
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in src]
+    todo = [i for i, ids in enumerate(src) if ids]
+    lengths = [len(src[i]) for i in todo]
+    batches = list(length_batches(lengths, cfg.max_tokens))
+    check_decode_memory(model.cfg, [[lengths[j] for j in b] for b in batches], cfg, device)
+    bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
+    mode = contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device)
+    with mode:
+        for batch in batches:
+            index = [todo[j] for j in batch]
+            src_ids = pad([src[i] for i in index], tokenizer.pad_id).to(device)
+            found = model.search(src_ids, cfg) if exported else search(model, src_ids, cfg)
+            for i, hyps in zip(index, found, strict=True):
+                texts = tokenizer.decode([h.tokens for h in hyps])
+                results[i] = [(t, h.score) for t, h in zip(texts, hyps, strict=True)]
+            bar.update(len(index))
+            if after_batch is not None:
+                after_batch()
+    bar.close()
+    return segs.rejoin(results, join_nbest, [("", 0.0)])
+
+
+def join_nbest(parts: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
+    """The n-best list of a line from those of its sentences: the k-th entry joins the
+    sentences' k-th hypotheses and sums their scores (exact for a line of one sentence)."""
+    if len(parts) == 1:
+        return parts[0]
+    n = min(len(p) for p in parts)
+    return [(join_texts([p[k][0] for p in parts]), sum(p[k][1] for p in parts)) for k in range(n)]
+
+
+def _warn_long(segs: Segments, max_len: int) -> None:
+    """One warning for lines with a sentence cut into pieces, one for any truncated word."""
+    def shown(lines: list[int]) -> str:
+        return ", ".join(str(i + 1) for i in lines[:10]) + (", ..." if len(lines) > 10 else "")
+
+    if segs.cut:
+        log.warning("%d input line(s) hold a sentence longer than the model's limit of %d tokens: "
+                    "translated in pieces cut at clause or word boundaries (line %s)",
+                    len(segs.cut), max_len, shown(segs.cut))
+    if segs.truncated:
+        log.warning("%d input line(s) hold a single word longer than the model's limit of %d "
+                    "tokens: its end was cut off (line %s)", len(segs.truncated), max_len,
+                    shown(segs.truncated))
+
+
+@contextlib.contextmanager
+def _inference_mode(model: torch.nn.Module, precision: str, device: torch.device):
+    """Eval mode, no autograd, autocast to `precision`; the model's mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), autocast(precision, device):
+            yield
+    finally:
+        model.train(was_training)
+
+
+def translate_lines(
+    model,
+    tokenizer: Tokenizer,
+    lines: list[str],
+    cfg: DecodeConfig,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    after_batch: Callable[[], object] | None = None,
+    counts: dict[str, int] | None = None,
+) -> list[str]:
+    """The best translation of every line, in input order ("" for an empty line)."""
+    nbest = translate_nbest(model, tokenizer, lines, cfg, device, progress, after_batch, counts)
+    return [hyps[0][0] for hyps in nbest]
+
+
+def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
+    """fairseq-like n-best lines: `i ||| hypothesis ||| score`."""
+    return [f"{i} ||| {text} ||| {score:.4f}"
+            for i, hyps in enumerate(nbest) for text, score in hyps]
+
+
+def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None):
+    """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
+
+    threads: CPU threads (torch's for a checkpoint, CTranslate2's intra_threads for an
+    export); None: torch's default, and 2 for an export.
+    """
+    if not checkpoint:
+        raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
+    if is_export(checkpoint):
+        return load_export(checkpoint, device_pref, threads)
+    device = resolve_device(device_pref, key="device")
+    if device.type == "cpu":
+        keep_large_blocks_in_the_heap()
+        if threads is not None:
+            torch.set_num_threads(threads)
+    model, tokenizer = load_model(checkpoint, device)
+    return model, tokenizer, device

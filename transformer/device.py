@@ -1,0 +1,234 @@
+"""Where the work runs: the device, the precision and its autocast, the CPU's features, the heap.
+
+Training and decoding share it: `resolve_device` and `resolve_precision` turn the `device`
+and `precision` settings (`auto` included) into a torch device and a precision this
+machine computes fast, `autocast` applies it, and on CPU `keep_large_blocks_in_the_heap`
+and `HeapTrimmer` keep the glibc heap from holding freed batches. Distributed training's
+process group and the RNG states of an exact resume are training's
+(`transformer/training/distributed.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from transformer.config import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+log = logging.getLogger(__name__)
+
+
+def resolve_device(pref: str, local_rank: int = 0, key: str = "trainer.device") -> torch.device:
+    """The torch device of a `device` setting; `key` is the setting's name in the command
+    (`trainer.device` in mt-train, `device` in mt-translate), for the message."""
+    if pref == "auto":
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    device = torch.device(pref)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{key}={pref}, but CUDA is not available on this machine: use {key}=cpu "
+                          f"or {key}=auto")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device(f"cuda:{local_rank}")
+    return device
+
+
+def keep_large_blocks_in_the_heap() -> bool:
+    """Let glibc's malloc reuse large freed blocks instead of returning them to the OS.
+
+    By default glibc maps every block over 32 MiB afresh and unmaps it when freed, so each
+    (tokens, vocabulary) tensor of a CPU training step (4k tokens x 8k pieces x 4 bytes =
+    131 MB) page-faults its memory in again: on this project's 2-core machine that made
+    `log_softmax` on such a tensor 2.5x slower than the arithmetic alone, and a bf16 training
+    step about 7% slower (scripts/bench_train.py). The price is that the process keeps what
+    it freed: training pairs this with a `HeapTrimmer`. Used on CPU only, after the data is
+    prepared; returns whether it applied (glibc's `mallopt`).
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def _glibc():
+    """glibc through ctypes, or None (another libc, another OS)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018  (absent from musl)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def anonymous_memory() -> int:
+    """Bytes of anonymous memory this process holds (RssAnon; 0 where /proc has none)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class HeapTrimmer:
+    """Gives the heap's free memory back to the OS when it has grown by `slack_gb` since
+    the last time (glibc's `malloc_trim`); call it between training updates.
+
+    Why: a CPU step allocates and frees tensors whose sizes follow each batch's shape, and
+    glibc cannot reuse all the holes that leaves. In bf16 on an AMD EPYC Zen 4 (small
+    model, 2 threads) the training process grew from 1.1 GB after the first update to 4.5
+    GB after 150 with varied shapes, and stayed at 1.4 GB with one fixed shape; a
+    `malloc_trim` brought it back to 0.9 GB at any point, so the growth is free memory,
+    not data (docs/performance.md, "Memory"). Trimming every update costs a
+    page fault for every page the next step touches again; with a slack above one step's
+    working set it trims rarely. `slack_gb=None` never trims.
+    """
+
+    def __init__(self, slack_gb: float | None) -> None:
+        self.libc = _glibc() if slack_gb is not None else None
+        self.slack = int((slack_gb or 0) * 2**30)
+        self.floor: int | None = None
+        self.trims = 0
+
+    def __call__(self) -> bool:
+        """Trim if the slack is used up; True if it trimmed."""
+        if self.libc is None:
+            return False
+        held = anonymous_memory()
+        if self.floor is None or held < self.floor:
+            self.floor = held
+        if held - self.floor < self.slack:
+            return False
+        self.libc.malloc_trim(0)
+        self.floor = anonymous_memory()
+        self.trims += 1
+        return True
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, Arm
+            return set(value.split())
+    return set()
+
+
+def _cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_bf16_support() -> tuple[bool, str]:
+    """(whether this CPU computes bf16 natively, the features that decide it).
+
+    Native: AMX or AVX512-BF16 on x86 (Intel Sapphire Rapids and later, AMD Zen 4 and
+    later), the BF16 extension on Arm. Without them torch's CPU autocast emulates bf16,
+    which is not faster than fp32 but far slower: ~32x per training step of the small
+    model on an AVX2-only AMD EPYC (Zen 3), measured (README, "Errors and recovery").
+    """
+    flags = _cpu_flags()
+    try:
+        amx = bool(torch.cpu._is_amx_tile_supported()) or "amx_bf16" in flags
+        avx512_bf16 = bool(torch.cpu._is_avx512_bf16_supported()) or "avx512_bf16" in flags
+    except AttributeError:  # older torch: the flags alone
+        amx, avx512_bf16 = "amx_bf16" in flags, "avx512_bf16" in flags
+    arm_bf16 = platform.machine() in ("aarch64", "arm64") and "bf16" in flags
+    capability = torch.backends.cpu.get_cpu_capability()
+    if amx:
+        return True, f"{capability} with AMX"
+    if avx512_bf16:
+        return True, f"{capability} with AVX512-BF16"
+    if arm_bf16:
+        return True, "Arm with BF16"
+    return False, f"{capability} only, no AVX512-BF16 or AMX"
+
+
+def cuda_bf16_support(device: torch.device) -> tuple[bool, str]:
+    """(whether the GPU computes bf16, its name): Ampere and later do."""
+    return torch.cuda.is_bf16_supported(), torch.cuda.get_device_name(device)
+
+
+def describe_cpu() -> str:
+    """One line naming the CPU and whether it has native bf16 (benchmarks print it)."""
+    native, features = cpu_bf16_support()
+    return f"{_cpu_model_name()}, {features} ({'native' if native else 'no native'} bf16)"
+
+
+# Measured on this project's AVX2-only AMD EPYC (Zen 3) machines: a tatoeba_cpu training
+# step took 65 s under bf16 autocast against 2.0 s in fp32.
+_EMULATED_BF16_COST = "about 30x slower than fp32 (65 s against 2.0 s per update of the " \
+                      "tatoeba_cpu recipe on an AVX2-only AMD EPYC)"
+
+
+def resolve_precision(precision: str, device: torch.device, key: str = "trainer.precision",
+                      ) -> tuple[str, str]:
+    """(the precision to run, why): `auto` follows the hardware; explicit values are checked.
+
+    auto: on CUDA bf16 where the GPU supports it, else fp16 (with loss scaling in
+    training); on a CPU bf16 only where it is native (`cpu_bf16_support`), else fp32.
+    bf16 asked for on a CPU without native bf16 runs, with a warning of its cost; fp16
+    needs CUDA.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"{key}={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if device.type == "cuda":
+        if precision != "auto":
+            return precision, "as configured"
+        bf16_ok, name = cuda_bf16_support(device)
+        return ("bf16", f"auto: {name} supports bf16") if bf16_ok else \
+            ("fp16", f"auto: {name} has no bf16, so fp16 with loss scaling")
+    if device.type != "cpu":  # mps and others: what the user asked for, auto = fp32
+        return ("fp32" if precision == "auto" else precision), f"{device.type} device"
+    native, features = cpu_bf16_support()
+    if precision == "auto":
+        if native:
+            return "bf16", f"auto: the CPU has native bf16 ({features})"
+        return "fp32", f"auto: the CPU has no native bf16 ({features}), so fp32"
+    if precision == "fp16":
+        raise ConfigError(f"{key}=fp16 needs CUDA (loss scaling on CPU is not supported); "
+                         f"use {key}=auto, or bf16 on a CPU with native bf16")
+    if precision == "bf16" and not native:
+        log.warning("%s=bf16 on a CPU without native bf16 (%s): autocast emulates it, %s; "
+                    "use %s=auto or fp32", key, features, _EMULATED_BF16_COST, key)
+        return "bf16", f"as configured, emulated ({features})"
+    return precision, "as configured"
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Mixed-precision context: bf16 on CPU or CUDA, fp16 on CUDA, nothing for fp32.
+
+    `precision` is a resolved one (`resolve_precision`), never `auto`.
+    """
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision not in ("bf16", "fp16"):
+        raise ValueError(f"autocast needs a resolved precision (fp32, bf16, fp16), got {precision!r}")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def enable_fast_cuda_math() -> None:
+    """TF32 matmuls and convolutions on Ampere and later (fp32 runs only pay for it)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True

@@ -1,0 +1,160 @@
+"""Multi-head attention (Vaswani et al. 2017, section 3.2) with a key/value cache.
+
+Shapes: B batch, T query length, S key length, D d_model, H heads, Dh = D / H.
+
+Masks arrive as bool tensors (True = may attend) that broadcast against (B, H, T, S);
+see `masks.py`. They become scores here and nowhere else: the fused path (CUDA) hands the
+bool mask to `F.scaled_dot_product_attention` (which adds -inf before the softmax, and
+lets CUDA choose a fused kernel); the explicit path (CPU, and wherever the weights are
+wanted) does `masked_fill(~mask, finfo.min)` before the softmax.
+
+A query row whose keys are all masked (an all-padding sequence) would be a softmax over
+nothing, i.e. 0/0 = NaN. Such rows are opened to every key for the computation and
+their output is then set to exactly zero, in every dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer.model.dropout import dropout
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention layer kept between decoding steps, (B, H, L, Dh).
+
+    Self-attention caches grow by the new positions at every call; cross-attention
+    caches are computed once from the encoder memory and then reused.
+    """
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows `index` (B',), e.g. the beams selected by beam search."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x in autocast's lower precision when autocast is on, else x itself.
+
+    Autocast casts a float32 input separately for every matmul that reads it: the q, k
+    and v projections of a LayerNorm's fp32 output were three casts forward and three
+    backward, and the encoder memory two in every decoder layer. Casting once before them
+    makes that one (the same values: each cast rounds the same way).
+    """
+    device = x.device.type
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
+
+
+def _open_empty_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (mask with all-False rows set to True, (.., T, 1) bool of non-empty rows)."""
+    has_key = mask.any(dim=-1, keepdim=True)
+    return mask | ~has_key, has_key
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Explicit softmax(q k^T / sqrt(Dh) + mask) -> (B, H, T, S); empty rows are zeros."""
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5  # (B, H, T, S)
+    open_mask, has_key = _open_empty_rows(mask)
+    weights = scores.masked_fill_(~open_mask, torch.finfo(scores.dtype).min).softmax(dim=-1)
+    # Only an all-padding sequence has empty rows (training batches never do): skip the
+    # pass over the weights, and its backward, when every row has a key.
+    return weights if bool(has_key.all()) else weights.masked_fill(~has_key, 0.0)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention; the same module serves self- and cross-attention."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.store_weights = False  # set True to keep `self.weights` (B, H, T, S)
+        # None: F.scaled_dot_product_attention on CUDA (fused flash / memory-efficient
+        # kernels), the explicit product on CPU. On CPU the explicit product is SDPA's math
+        # kernel without its scaling of a transposed copy of K, which on a decoding step
+        # (one query per row against every cached key) cost more than the product itself
+        # (beam 5 rows: 34 -> 5 ms per call); SDPA's fused CPU kernel is slower still on
+        # sentence-length sequences. True/False force a path (tests use both on CPU).
+        self.use_sdpa: bool | None = None
+        self.weights: torch.Tensor | None = None
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) -> (B, H, L, Dh)."""
+        b, n, d = x.shape
+        return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)
+
+    def _keys_values(
+        self, kv: torch.Tensor, cache: KVCache | None, static_kv: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if cache is None:
+            return self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
+        if static_kv:  # cross-attention: project the memory once per source
+            if cache.k is None:  # contiguous, or every step's batched product copies them
+                cache.k = self._heads(self.k_proj(kv)).contiguous()
+                cache.v = self._heads(self.v_proj(kv)).contiguous()
+            return cache.k, cache.v
+        k, v = self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
+        if cache.k is not None:  # self-attention: append the new positions
+            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+        cache.k, cache.v = k, v
+        return k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        static_kv: bool = False,
+    ) -> torch.Tensor:
+        """Attend from queries x (B, T, D) to keys/values kv (B, S, D).
+
+        mask: bool, broadcastable to (B, H, T, S_total), True = may attend, where
+        S_total includes cached positions. static_kv: kv is the encoder memory, whose
+        projections the cache keeps after the first call.
+        Returns (B, T, D).
+        """
+        if kv is x:  # self-attention: one cast serves q, k and v
+            x = kv = autocast_input(x)
+        else:
+            x, kv = autocast_input(x), autocast_input(kv)
+        q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
+        k, v = self._keys_values(kv, cache, static_kv)  # (B, H, S, Dh)
+        p = self.dropout if self.training else 0.0
+        use_sdpa = q.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
+        if self.store_weights or not use_sdpa:
+            w = attention_weights(q, k, mask)
+            if self.store_weights:
+                self.weights = w.detach()
+            out = dropout(w, p, self.training) @ v  # the cheap CPU mask (dropout.py)
+        else:  # CUDA: SDPA picks a fused (flash / memory-efficient) kernel
+            open_mask, has_key = _open_empty_rows(mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)
+            out = out.masked_fill(~has_key, 0.0)  # rows with no key: zeros, not NaN
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+def set_attention_path(model: nn.Module, use_sdpa: bool | None) -> None:
+    """Set the attention path of every `MultiHeadAttention` in `model`: True SDPA, False the
+    explicit product, None the default (SDPA on CUDA, explicit on CPU)."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.use_sdpa = use_sdpa

@@ -1,0 +1,193 @@
+"""The encoder-decoder Transformer of Vaswani et al. (2017).
+
+Shapes: B batch, S source length, T target length, D d_model, V vocabulary.
+
+API in the shape of the paper, plain tensors in and out:
+    memory = model.encode(src_ids)                                 # (B, S, D)
+    logits = model.decode(tgt_in_ids, memory, src_ids, cache=None)  # (B, T, V)
+    logits = model(src_ids, tgt_in_ids)                             # (B, T, V)
+    logits = model(src_ids, tgt_in_ids, predict_mask)               # (N, V), training
+Masks are never passed in: they are built here from the ids and `pad_id` (masks.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from transformer.config import ModelConfig
+from transformer.model.attention import autocast_input
+from transformer.model.dropout import Dropout
+from transformer.model.layers import DecoderLayer, EncoderLayer, LayerCache, sinusoid_table
+from transformer.model.masks import src_key_mask, tgt_self_mask
+
+
+class DecoderCache:
+    """State of incremental decoding: every layer's key/value caches and the ids so far.
+
+    Pass an empty `DecoderCache()` to `decode` with the first token(s); each later call
+    feeds only the new tokens. `reorder(index)` follows beam search's choice of rows.
+    """
+
+    def __init__(self) -> None:
+        self.layers: list[LayerCache] = []
+        self.tgt_ids: torch.Tensor | None = None  # (B, T_so_far)
+
+    def __len__(self) -> int:
+        return 0 if self.tgt_ids is None else self.tgt_ids.size(1)
+
+    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
+        """Keep rows `index` (B',) in that order.
+
+        cross=False leaves the cross-attention caches as they are. That is right when
+        each row moves to a row of the same source: beam search choosing among the beams
+        of one sentence, whose cross-attention keys and values are identical. It saves
+        copying them at every step.
+        """
+        for layer in self.layers:
+            layer.reorder(index, cross)
+        if self.tgt_ids is not None:
+            self.tgt_ids = self.tgt_ids.index_select(0, index)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder of Vaswani et al. (2017), configured by a ModelConfig.
+
+    Token embeddings (shared by source, target and output projection when
+    `tie_embeddings`) scaled by sqrt(d_model) plus the sinusoidal table `sinusoids`,
+    `n_encoder_layers` EncoderLayers and `n_decoder_layers` DecoderLayers, post-norm as in
+    the paper or pre-norm (then with a final LayerNorm per stack), and a bias-free output
+    projection. Masks are built from the ids inside `encode`/`decode`; see the module
+    docstring for the API.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d, v = cfg.d_model, cfg.vocab_size
+        layer_args = (d, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attn_dropout, cfg.ffn_dropout,
+                      cfg.pre_norm)
+        self.src_embed = nn.Embedding(v, d, padding_idx=cfg.pad_id)
+        self.tgt_embed = nn.Embedding(v, d, padding_idx=cfg.pad_id)
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(*layer_args) for _ in range(cfg.n_encoder_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(*layer_args) for _ in range(cfg.n_decoder_layers)
+        )
+        # Pre-norm stacks end un-normalised, so they get a final LayerNorm.
+        self.encoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
+        self.out_proj = nn.Linear(d, v, bias=False)
+        self.dropout = Dropout(cfg.dropout)
+        self.register_buffer("sinusoids", sinusoid_table(cfg.max_positions, d), persistent=False)
+        self.embed_scale = d**0.5
+        self.reset_parameters()
+        if cfg.tie_embeddings:  # section 3.4: one matrix for both embeddings and the output
+            self.tgt_embed.weight = self.src_embed.weight
+            self.out_proj.weight = self.src_embed.weight
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for every matrix, zero biases, a zero padding embedding."""
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        with torch.no_grad():
+            self.src_embed.weight[self.cfg.pad_id].zero_()
+            self.tgt_embed.weight[self.cfg.pad_id].zero_()
+
+    def _check_ids(self, ids: torch.Tensor, name: str) -> None:
+        if ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32):
+            raise ValueError(f"{name} must be a (batch, length) integer tensor, got "
+                             f"shape {tuple(ids.shape)} and dtype {ids.dtype}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
+            raise ValueError(f"{name} holds ids outside the vocabulary [0, "
+                             f"{self.cfg.vocab_size}): min {int(ids.min())}, max {int(ids.max())}")
+
+    def _embed(self, embed: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Token embeddings scaled by sqrt(D) plus sinusoidal positions (section 3.4-3.5)."""
+        end = offset + ids.size(1)
+        if end > self.cfg.max_positions:
+            raise ValueError(f"sequence of {end} tokens exceeds model max_positions={self.cfg.max_positions}")
+        x = embed(ids) * self.embed_scale + self.sinusoids[offset:end]
+        return self.dropout(x)
+
+    def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
+        """src_ids (B, S) -> memory (B, S, D)."""
+        self._check_ids(src_ids, "src_ids")
+        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        x = self._embed(self.src_embed, src_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt_in_ids: torch.Tensor,
+        memory: torch.Tensor,
+        src_ids: torch.Tensor,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """tgt_in_ids (B, T), memory (B, S, D), src_ids (B, S) -> logits (B, T, V).
+
+        With a cache, tgt_in_ids are only the new positions; the cache is updated.
+        """
+        return self.out_proj(self._decoder_states(tgt_in_ids, memory, src_ids, cache))
+
+    def forward(
+        self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, predict_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) (teacher forcing).
+
+        predict_mask: optional bool (B, T); then logits are computed only where it is True
+        and returned as (N, V), N = predict_mask.sum(), in row-major order. Training passes
+        the non-padding targets: the output layer is the largest matrix of a small model,
+        and its work at padded positions would be thrown away by the loss.
+        """
+        states = self._decoder_states(tgt_in_ids, self.encode(src_ids), src_ids)  # (B, T, D)
+        if predict_mask is not None:
+            if predict_mask.shape != tgt_in_ids.shape or predict_mask.dtype != torch.bool:
+                raise ValueError(f"predict_mask must be a bool tensor of shape {tuple(tgt_in_ids.shape)}, "
+                                 f"got {predict_mask.dtype} {tuple(predict_mask.shape)}")
+            states = states[predict_mask]  # (N, D)
+        return self.out_proj(states)
+
+    def _decoder_states(
+        self,
+        tgt_in_ids: torch.Tensor,
+        memory: torch.Tensor,
+        src_ids: torch.Tensor,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """The decoder's output before the vocabulary projection, (B, T, D)."""
+        self._check_ids(tgt_in_ids, "tgt_in_ids")
+        if memory.shape[:2] != src_ids.shape or tgt_in_ids.size(0) != src_ids.size(0):
+            raise ValueError(f"shapes disagree: tgt_in_ids {tuple(tgt_in_ids.shape)}, memory "
+                             f"{tuple(memory.shape)}, src_ids {tuple(src_ids.shape)}")
+        offset = len(cache) if cache is not None else 0
+        all_ids = tgt_in_ids
+        if cache is not None:
+            if not cache.layers:
+                cache.layers = [LayerCache() for _ in self.decoder_layers]
+            if cache.tgt_ids is not None:
+                all_ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
+            cache.tgt_ids = all_ids
+        tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
+        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        memory = autocast_input(memory)  # once, not in every layer's k and v projections
+        x = self._embed(self.tgt_embed, tgt_in_ids, offset)
+        for i, layer in enumerate(self.decoder_layers):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x = layer(x, memory, tgt_mask, src_mask, layer_cache)
+        return self.decoder_norm(x)
+
+
+def build_model(cfg: ModelConfig) -> Transformer:
+    return Transformer(cfg)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct trainable parameters (tied matrices counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
