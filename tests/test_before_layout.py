@@ -1,0 +1,51 @@
+"""What a user made before the package was regrouped into subpackages (#44) still works.
+
+tests/fixtures/before_layout/ holds a debug run's directory (its config.yaml and the
+checkpoint of step 20, with the trainer state) and the prepared-data cache it trained on,
+both written by the flat package (commit b005d97):
+
+    mt-train debug=default data=sample trainer.num_threads=1 trainer.run_dir=RUN data.cache_dir=CACHE
+
+Nothing in a checkpoint or a cache names a module (safetensors, JSON, a trainer state of
+tensors and plain containers), so a move of modules must leave them valid: the checkpoint
+loads and translates, the run resumes where it stopped, and preparation finds its cache.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from helpers import DEBUG, compose_cfg
+from omegaconf import OmegaConf
+
+from transformer.checkpoint import load_meta, load_model
+from transformer.commands.train import train
+from transformer.config import DecodeConfig, TrainConfig, to_dataclass
+from transformer.decoding.text import translate_lines
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "before_layout"
+
+
+def test_a_checkpoint_written_before_the_move_loads_and_translates():
+    model, tokenizer = load_model(FIXTURE / "run" / "checkpoints" / "step_20")
+    assert load_meta(FIXTURE / "run" / "checkpoints" / "step_20")["step"] == 20
+    out = translate_lines(model, tokenizer, ["Ciao, come stai?", "", "Mi chiamo Luke."],
+                          DecodeConfig(method="greedy"))
+    assert len(out) == 3 and out[1] == "" and all(isinstance(line, str) for line in out)
+
+
+def test_a_run_and_a_cache_made_before_the_move_resume_without_preparing_again(tmp_path):
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    shutil.copytree(FIXTURE / "run", run_dir)
+    shutil.copytree(FIXTURE / "cache", cache)
+    # `source-<key>` notes map a file's path and mtime to its digest: a clone elsewhere
+    # writes its own; the prepared data and the tokenizer are keyed by content alone.
+    entries = sorted(p.name for p in cache.iterdir() if not p.name.startswith("source-"))
+    cfg = compose_cfg(*DEBUG, f"trainer.run_dir={run_dir}", f"data.cache_dir={cache}",
+                      "trainer.max_steps=22", "trainer.resume=auto")
+    trainer = train(to_dataclass(TrainConfig, cfg), OmegaConf.to_yaml(cfg))
+    assert trainer.state.step == 22  # continued from step 20, not from 0
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith("source-")) == entries
+    assert (run_dir / "checkpoints" / "step_20" / "model.safetensors").read_bytes() == \
+        (FIXTURE / "run" / "checkpoints" / "step_20" / "model.safetensors").read_bytes()
