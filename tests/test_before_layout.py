@@ -16,13 +16,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from helpers import DEBUG, compose_cfg
 from omegaconf import OmegaConf
 
 from transformer.checkpoint import load_meta, load_model
 from transformer.commands.train import train
 from transformer.config import DecodeConfig, TrainConfig, to_dataclass
 from transformer.decoding.text import translate_lines
+
+from helpers import DEBUG, compose_cfg
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "before_layout"
 
