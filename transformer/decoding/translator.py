@@ -38,6 +38,7 @@ from transformer.config import (
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import EXPORT_INFO, CT2Model, is_export
 from transformer.decoding.text import decode_settings, load_for_inference, translate_nbest
+from transformer.model.transformer import Transformer
 
 SETTINGS = tuple(f.name for f in fields(DecodeConfig))  # the keywords `load` and `translate` take
 
@@ -95,7 +96,7 @@ class Translator:
     with it; `device` where it runs; `decode` the settings `translate` starts from.
     """
 
-    def __init__(self, model, tokenizer: Tokenizer, *, device: torch.device | str | None = None,
+    def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *, device: torch.device | str | None = None,
                  decode: DecodeConfig | None = None, path: Path | None = None) -> None:
         """A Translator for a model already in memory (`load` reads one from disk).
 
