@@ -72,7 +72,7 @@ def decode_config(base: DecodeConfig, settings: dict[str, Any]) -> DecodeConfig:
         raise ConfigError(f"{key}: {msg}" if key else msg) from None
 
 
-def check_path(path: str | Path) -> Path:
+def _check_path(path: str | Path) -> Path:
     """`path` as a Path, if it is a checkpoint directory or an export; else CheckpointError."""
     if not str(path):
         raise CheckpointError("no checkpoint given: Translator.load(path) takes a checkpoint "
@@ -160,7 +160,7 @@ class Translator:
         _positive("threads", threads, optional=True)
         _at_most_workers("threads", threads)
         decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
-        where = check_path(path)  # all of the above before any work
+        where = _check_path(path)  # all of the above before any work
         model, tokenizer, torch_device = load_for_inference(str(where), device, threads)
         decode_settings(decode, torch_device, model)  # what depends on the device and the model
         return cls(model, tokenizer, device=torch_device, decode=decode, path=where)
