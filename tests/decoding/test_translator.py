@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from transformer import Translator
+from transformer.checkpoint import load_model
 from transformer.commands import translate
-from transformer.config import ConfigError
+from transformer.config import ConfigError, DecodeConfig
 from transformer.data.corpus import read_lines
 from transformer.data.sentences import split_sentences
 from transformer.decoding import text as text_module
@@ -107,6 +108,15 @@ def test_nbest_gives_mt_translates_hypotheses(checkpoint, monkeypatch, capsys):
     assert found == expected and [len(h) for h in found] == [2, 1, 2]
     best = translator.translate(["Che ore sono? Sì.", "Ciao!"], beam_size=3, max_len_a=0, max_len_b=5)
     assert best == [found[0][0], found[2][0]]
+
+
+def test_a_model_in_memory_translates_as_its_checkpoint(checkpoint):
+    model, tokenizer = load_model(checkpoint)
+    settings = DecodeConfig(method="greedy", max_len_b=6)
+    assert Translator(model, tokenizer, decode=settings).translate(LINES) == \
+        Translator.load(checkpoint, method="greedy", max_len_b=6).translate(LINES)
+    with pytest.raises(ConfigError, match=r"^decode\.beam_size=0: must be >= 1$"):
+        Translator(model, tokenizer, decode=DecodeConfig(beam_size=0))
 
 
 def test_one_string_in_one_string_out(checkpoint):

@@ -57,6 +57,14 @@ def decode_config(base: DecodeConfig, settings: dict[str, Any]) -> DecodeConfig:
     """`base` with `settings` (DecodeConfig fields by name) in its place, checked as
     mt-translate checks its `decode.*` overrides: types, finite numbers, ranges.
 
+    Args:
+        base: the settings to start from.
+        settings: DecodeConfig field names and values (`beam_size=8`, `method="greedy"`).
+
+    Returns:
+        A new, checked DecodeConfig (device-dependent defaults still `auto`/None:
+        `text.decode_settings` fills them in).
+
     Raises:
         ConfigError: an unknown name or a bad value; the message names the key.
     """
@@ -96,15 +104,17 @@ class Translator:
     with it; `device` where it runs; `decode` the settings `translate` starts from.
     """
 
-    def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *, device: torch.device | str | None = None,
-                 decode: DecodeConfig | None = None, path: Path | None = None) -> None:
+    def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *,
+                 device: torch.device | str | None = None, decode: DecodeConfig | None = None,
+                 path: Path | None = None) -> None:
         """A Translator for a model already in memory (`load` reads one from disk).
 
         Args:
             model: a `Transformer` or a `ct2_model.CT2Model`.
             tokenizer: the model's SentencePiece tokenizer.
             device: where the model is; None: where its weights are.
-            decode: the settings `translate` starts from; None: `DecodeConfig()`.
+            decode: the settings `translate` starts from (checked here); None:
+                `DecodeConfig()`.
             path: the directory the model came from, if any (for `repr`).
         """
         model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
@@ -113,7 +123,7 @@ class Translator:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
-        self.decode = DecodeConfig() if decode is None else decode
+        self.decode = decode_config(DecodeConfig() if decode is None else decode, {})
         self.path = path
 
     @classmethod
