@@ -59,7 +59,25 @@ def save_checkpoint(
     meta: dict[str, Any],
     trainer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint directory atomically; returns its path."""
+    """Write a checkpoint directory atomically; returns its path.
+
+    Args:
+        path: the checkpoint directory to write; an existing one is replaced, and only
+            once the new one is complete.
+        model: the model: its weights (model.safetensors) and config (model.json).
+        tokenizer: its SentencePiece tokenizer (tokenizer.model).
+        run_config_yaml: the resolved run config, as YAML (config.yaml).
+        meta: step, epoch, dev scores, time (meta.json).
+        trainer_state: optimizer, scheduler, scaler and RNG states and the data position
+            (trainer_state.pt), or None for a checkpoint that only translates.
+
+    Returns:
+        `path`, as a Path.
+
+    Raises:
+        UserFileError: the directory cannot be written (a full disk, no permission); the
+            previous checkpoint at `path`, if any, is left as it was.
+    """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -105,7 +123,21 @@ def _require(path: Path, name: str) -> Path:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:
-    """Load the model (in eval mode) and its tokenizer from a checkpoint directory."""
+    """Load the model (in eval mode) and its tokenizer from a checkpoint directory.
+
+    Args:
+        path: a checkpoint directory (model.safetensors, model.json, tokenizer.model).
+        device: where to put the model.
+
+    Returns:
+        The model, built from model.json with the stored weights, in eval mode on
+        `device`, and its tokenizer.
+
+    Raises:
+        CheckpointError: the directory or one of the three files is missing or corrupt,
+            or the tokenizer's size is not the model's vocab_size (the message names the
+            file).
+    """
     path = Path(path)
     cfg = load_model_config(path)
     model = build_model(cfg)

@@ -156,7 +156,26 @@ def greedy_search(
     lenpen: float = 0.0,
     use_cache: bool = True,
 ) -> list[Hypothesis]:
-    """src_ids (B, S) -> the most probable next token at every step, one per sentence."""
+    """src_ids (B, S) -> the most probable next token at every step, one per sentence.
+
+    Args:
+        model (Transformer): the model (eval mode), or anything with `encode`, `decode`
+            with a `DecoderCache`, and `cfg` (a scripted fake in the tests).
+        src_ids: source ids (B, S), right-padded, no BOS or EOS.
+        max_len_a: a of the length limit a * |x| + b (|x| the non-padding source ids).
+        max_len_b: b of the length limit.
+        min_len: EOS is forbidden before this many tokens.
+        lenpen: GNMT length-penalty alpha the score is divided by; 0: the plain sum.
+        use_cache: decode incrementally on the key/value cache; False recomputes every
+            position at each step (the tests compare the two).
+
+    Returns:
+        One `Hypothesis` per sentence, in input order: its tokens (no BOS or EOS) and its
+        score (the log-probabilities of the tokens and EOS, length-normalised).
+
+    Raises:
+        ValueError: a min_len the model's positional table cannot hold.
+    """
     eos = model.cfg.eos_id
     n = src_ids.size(0)
     max_len = max_lengths(model, src_ids, max_len_a, max_len_b, min_len)  # (B,)
@@ -195,7 +214,31 @@ def beam_search(
     min_len: int = 1,
     use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
-    """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first."""
+    """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first.
+
+    Args:
+        model (Transformer): the model (eval mode), or anything with `encode`, `decode`
+            with a `DecoderCache`, and `cfg` (a scripted fake in the tests).
+        src_ids: source ids (B, S), right-padded, no BOS or EOS.
+        beam_size: K, the beams kept per sentence; a sentence is done once K hypotheses
+            have finished (fairseq's rule, see the module docstring).
+        lenpen: GNMT length-penalty alpha that orders finished hypotheses; 0: the plain
+            sum of log-probabilities.
+        nbest: how many hypotheses to return per sentence, 1 <= nbest <= beam_size.
+        max_len_a: a of the length limit a * |x| + b (|x| the non-padding source ids).
+        max_len_b: b of the length limit.
+        min_len: EOS is forbidden before this many tokens.
+        use_cache: decode incrementally on the key/value cache; False recomputes every
+            position at each step (the tests compare the two).
+
+    Returns:
+        For each sentence, in input order, up to `nbest` `Hypothesis`es, best
+        (highest length-normalised score) first.
+
+    Raises:
+        ValueError: nbest outside [1, beam_size], or a min_len the model's positional
+            table cannot hold.
+    """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"need 1 <= nbest <= beam_size, got nbest={nbest}, beam_size={beam_size}")
     eos, k, device = model.cfg.eos_id, beam_size, src_ids.device
@@ -269,7 +312,22 @@ def _collect_finished(finished, alive, tgt_ids, top_scores, top_beam, top_tok, w
 
 
 def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    """Decode src_ids (B, S) as `cfg` says; n-best lists (a list of one for greedy)."""
+    """Decode src_ids (B, S) as `cfg` says; n-best lists (a list of one for greedy).
+
+    Args:
+        model (Transformer): the model (eval mode), or anything `greedy_search` and
+            `beam_search` take.
+        src_ids: source ids (B, S), right-padded, no BOS or EOS.
+        cfg: the search: method (greedy or beam), beam_size, lenpen, nbest, max_len_a,
+            max_len_b, min_len (its other fields are `text.translate_nbest`'s).
+
+    Returns:
+        For each sentence, in input order, its n-best list of `Hypothesis`es, best first:
+        one hypothesis for greedy search, up to cfg.nbest for beam search.
+
+    Raises:
+        ValueError: an unknown cfg.method, or settings the searches refuse.
+    """
     if cfg.method == "greedy":
         hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
                              cfg.lenpen)

@@ -127,6 +127,30 @@ def translate_nbest(
     own search on the same batches. `after_batch` is called after each decoding batch
     (training's validation gives its `device.HeapTrimmer`: a batch's growing key/value
     caches leave heap holes of every length).
+
+    Args:
+        model (Transformer | CT2Model): the model (a DistributedDataParallel wrapper is
+            unwrapped), or a CTranslate2 export's `CT2Model` (`load_for_inference`).
+        tokenizer: the model's SentencePiece tokenizer.
+        lines: the input lines (a sentence or a paragraph each); "" or blanks give "".
+        cfg: the decode settings; their device-dependent defaults are filled in and
+            checked against the model (`decode_settings`).
+        device: where the model is; None: where its weights are (an export's device).
+        progress: show a tqdm bar on stderr, counting sentences.
+        after_batch: called with no arguments after each decoding batch.
+        counts: if given, receives `lines`, `sentences` and `units` (decoded sentences
+            and pieces of long ones).
+
+    Returns:
+        For each line, in input order, its n-best list of (text, score), best first: one
+        entry for greedy search, up to cfg.nbest for beam search, [("", 0.0)] for an empty
+        line. A line of several sentences joins their k-th hypotheses and sums their scores.
+
+    Raises:
+        ConfigError: settings out of range, or that the model or device cannot run (a
+            min_len longer than the model writes, fp16 on a CPU, a precision other than
+            auto for an export, batches larger than the free memory), named by their
+            `decode.*` key.
     """
     model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
     exported = isinstance(model, CT2Model)
@@ -208,7 +232,26 @@ def translate_lines(
     after_batch: Callable[[], object] | None = None,
     counts: dict[str, int] | None = None,
 ) -> list[str]:
-    """The best translation of every line, in input order ("" for an empty line)."""
+    """The best translation of every line, in input order ("" for an empty line).
+
+    `translate_nbest`, keeping each line's best hypothesis: what `mt-translate` writes.
+
+    Args:
+        model (Transformer | CT2Model): the model, or a CTranslate2 export's `CT2Model`.
+        tokenizer: the model's SentencePiece tokenizer.
+        lines: the input lines (a sentence or a paragraph each).
+        cfg: the decode settings (cfg.nbest is decoded, only the best is kept).
+        device: where the model is; None: where its weights are.
+        progress: show a tqdm bar on stderr, counting sentences.
+        after_batch: called with no arguments after each decoding batch.
+        counts: if given, receives `lines`, `sentences` and `units`.
+
+    Returns:
+        One translation per line, in input order.
+
+    Raises:
+        ConfigError: settings the model or device cannot run, named by their key.
+    """
     nbest = translate_nbest(model, tokenizer, lines, cfg, device, progress, after_batch, counts)
     return [hyps[0][0] for hyps in nbest]
 
@@ -222,8 +265,26 @@ def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
 def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None):
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
-    threads: CPU threads (torch's for a checkpoint, CTranslate2's intra_threads for an
-    export); None: torch's default, and 2 for an export.
+    threads: CPU threads (torch's for a checkpoint; for an export on a CPU, that many
+    single-threaded CTranslate2 workers, `ct2_model.CT2Model`); None: torch's default,
+    and 2 for an export.
+
+    Args:
+        checkpoint: a checkpoint directory, or a directory written by mt-export (it holds
+            export.json).
+        device_pref: `auto`, `cpu`, `cuda` or `cuda:N` (mt-translate's `device`).
+        threads: CPU threads; for a checkpoint `torch.set_num_threads`, which holds for
+            the whole process.
+
+    Returns:
+        The model (a `Transformer` in eval mode on the device, or a `CT2Model`), its
+        tokenizer, and the torch device it runs on.
+
+    Raises:
+        CheckpointError: no checkpoint given, or one that is missing, incomplete or
+            corrupt (the message names the file).
+        ConfigError: a device this machine does not have, a corrupt export, or an export
+            without ctranslate2 installed.
     """
     if not checkpoint:
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")

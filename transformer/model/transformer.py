@@ -59,6 +59,12 @@ class Transformer(nn.Module):
     the paper or pre-norm (then with a final LayerNorm per stack), and a bias-free output
     projection. Masks are built from the ids inside `encode`/`decode`; see the module
     docstring for the API.
+
+    Args:
+        cfg: the sizes (vocab_size, d_model, n_heads, d_ff, layers, max_positions),
+            dropouts, pre- or post-norm, embedding tying and the special ids (pad_id,
+            bos_id, eos_id). The weights start Xavier-uniform (`reset_parameters`);
+            `checkpoint.load_model` builds the model of a checkpoint and loads its weights.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -115,7 +121,20 @@ class Transformer(nn.Module):
         return self.dropout(x)
 
     def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
-        """src_ids (B, S) -> memory (B, S, D)."""
+        """src_ids (B, S) -> memory (B, S, D).
+
+        Args:
+            src_ids: source token ids (B, S), right-padded with `pad_id`; no BOS or EOS
+                (what `batching.collate` builds). At most max_positions long.
+
+        Returns:
+            The encoder's output (B, S, D), for `decode`; rows at padded positions are
+            computed too and ignored by `decode`'s cross-attention.
+
+        Raises:
+            ValueError: ids that are not a (B, S) integer tensor, lie outside the
+                vocabulary, or exceed max_positions.
+        """
         self._check_ids(src_ids, "src_ids")
         src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src_ids)
@@ -133,6 +152,23 @@ class Transformer(nn.Module):
         """tgt_in_ids (B, T), memory (B, S, D), src_ids (B, S) -> logits (B, T, V).
 
         With a cache, tgt_in_ids are only the new positions; the cache is updated.
+
+        Args:
+            tgt_in_ids: target input ids (B, T): BOS then the target tokens, right-padded;
+                with a cache, only the positions not fed yet (one per step in search).
+            memory: `encode(src_ids)` (B, S, D).
+            src_ids: the source ids (B, S) the memory came from: their padding is
+                masked in cross-attention.
+            cache: None: decode all T positions at once. A `DecoderCache` (empty at the
+                first call): earlier positions are read from it and the new ones added.
+
+        Returns:
+            Logits (B, T, V) over the vocabulary for the next token at each position
+            (not normalised: `log_softmax` them for log-probabilities).
+
+        Raises:
+            ValueError: ids outside the vocabulary, shapes that disagree, or a target
+                longer than max_positions.
         """
         return self.out_proj(self._decoder_states(tgt_in_ids, memory, src_ids, cache))
 
@@ -145,6 +181,20 @@ class Transformer(nn.Module):
         and returned as (N, V), N = predict_mask.sum(), in row-major order. Training passes
         the non-padding targets: the output layer is the largest matrix of a small model,
         and its work at padded positions would be thrown away by the loss.
+
+        Args:
+            src_ids: source ids (B, S), right-padded, no BOS or EOS.
+            tgt_in_ids: target input ids (B, T): BOS then the target, right-padded (the
+                target shifted right; `tgt_out_ids` is the target then EOS).
+            predict_mask: None, or a bool (B, T) that is True where logits are wanted.
+
+        Returns:
+            Logits (B, T, V) at every target position, or (N, V) at the N positions where
+            `predict_mask` is True.
+
+        Raises:
+            ValueError: ids outside the vocabulary or too long, shapes that disagree, or a
+                `predict_mask` that is not a bool tensor of tgt_in_ids' shape.
         """
         states = self._decoder_states(tgt_in_ids, self.encode(src_ids), src_ids)  # (B, T, D)
         if predict_mask is not None:

@@ -1,0 +1,226 @@
+"""`Translator` translates as mt-translate does; `import transformer` stays torch-free.
+
+Each equality test runs mt-translate (in this process, as tests/commands/test_translate.py
+does) on a file and `Translator` on the same lines with the same settings, on a random tiny
+checkpoint and on its CTranslate2 export: the lines include paragraphs of several
+sentences (split, translated and joined again) and empty lines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import Translator
+from transformer.checkpoint import load_model
+from transformer.commands import translate
+from transformer.config import ConfigError, DecodeConfig
+from transformer.data.corpus import read_lines
+from transformer.data.sentences import split_sentences
+from transformer.decoding import text as text_module
+from transformer.errors import UserError
+from transformer.paths import PROJECT_ROOT
+
+from helpers import tiny_checkpoint
+
+LINES = ["Che ore sono? Ti chiamo stasera. Ci vediamo martedì alle due.", "",
+         "Sì, certo!", "   ", "Il sig. Rossi è arrivato. Poi è partito."]
+# mt-translate's overrides and Translator's keywords for the same settings
+SETTINGS = {
+    "greedy": (["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=6"],
+               dict(method="greedy", max_len_a=0, max_len_b=6)),
+    "beam": (["decode=beam", "decode.beam_size=3", "decode.max_len_a=0", "decode.max_len_b=5"],
+             dict(beam_size=3, max_len_a=0, max_len_b=5)),
+    "unsplit": (["decode=greedy", "decode.max_len_b=6", "decode.split_sentences=false"],
+                dict(method="greedy", max_len_b=6, split_sentences=False)),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", max_positions=32)
+
+
+@pytest.fixture(scope="module")
+def export_dir(checkpoint, tmp_path_factory) -> Path:
+    pytest.importorskip("ctranslate2")
+    from transformer.commands.export import export
+    from transformer.deploy.ct2_export import ExportConfig
+
+    out = tmp_path_factory.mktemp("export") / "ct2"
+    return export(ExportConfig(checkpoint=str(checkpoint), output=str(out)))
+
+
+def mt_translate(monkeypatch, tmp_path: Path, model: Path, *overrides: str) -> list[str]:
+    """mt-translate's output file for LINES, run as the console script would run it."""
+    src, out = tmp_path / "in.it", tmp_path / "out.en"
+    src.write_text("".join(f"{line}\n" for line in LINES), encoding="utf-8")
+    out.unlink(missing_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={model}", f"input.file={src}",
+                                      f"output={out}", "progress=false", *overrides])
+    translate.main()
+    return read_lines(out)
+
+
+def test_the_lines_hold_paragraphs_and_empty_lines():
+    assert len(split_sentences(LINES[0])) == 3 and len(split_sentences(LINES[4])) == 2
+    assert LINES[1] == "" and not LINES[3].strip()
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_checkpoint_translates_as_mt_translate_does(checkpoint, name, tmp_path, monkeypatch):
+    overrides, keywords = SETTINGS[name]
+    expected = mt_translate(monkeypatch, tmp_path, checkpoint, *overrides)
+    translator = Translator.load(checkpoint)
+    assert translator.translate(LINES, **keywords) == expected
+    assert Translator.load(checkpoint, **keywords).translate(LINES) == expected  # as defaults
+    assert expected[1] == expected[3] == "" and all(expected[i] for i in (0, 2, 4))
+
+
+@pytest.mark.parametrize("name", ["greedy", "beam"])
+def test_an_export_translates_as_mt_translate_does(export_dir, name, tmp_path, monkeypatch):
+    overrides, keywords = SETTINGS[name]
+    expected = mt_translate(monkeypatch, tmp_path, export_dir, "threads=1", *overrides)
+    translator = Translator.load(export_dir, device="cpu", threads=1)
+    assert type(translator.model).__name__ == "CT2Model"
+    assert translator.translate(LINES, **keywords) == expected
+    assert expected[1] == expected[3] == ""
+
+
+def test_nbest_gives_mt_translates_hypotheses(checkpoint, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}",
+                                      "input.text='Che ore sono? Sì.\n\nCiao!'", "decode.beam_size=3",
+                                      "decode.nbest=2", "decode.max_len_a=0", "decode.max_len_b=5"])
+    translate.main()
+    expected: list[list[str]] = [[], [], []]
+    for line in capsys.readouterr().out.splitlines():
+        i, hyp, _ = line.split(" ||| ")
+        expected[int(i)].append(hyp)
+    translator = Translator.load(checkpoint)
+    found = translator.translate(["Che ore sono? Sì.", "", "Ciao!"], beam_size=3, nbest=2,
+                                 max_len_a=0, max_len_b=5)
+    assert found == expected and [len(h) for h in found] == [2, 1, 2]
+    best = translator.translate(["Che ore sono? Sì.", "Ciao!"], beam_size=3, max_len_a=0, max_len_b=5)
+    assert best == [found[0][0], found[2][0]]
+
+
+def test_a_model_in_memory_translates_as_its_checkpoint(checkpoint):
+    model, tokenizer = load_model(checkpoint)
+    settings = DecodeConfig(method="greedy", max_len_b=6)
+    assert Translator(model, tokenizer, decode=settings).translate(LINES) == \
+        Translator.load(checkpoint, method="greedy", max_len_b=6).translate(LINES)
+    with pytest.raises(ConfigError, match=r"^decode\.beam_size=0: must be >= 1$"):
+        Translator(model, tokenizer, decode=DecodeConfig(beam_size=0))
+
+
+def test_one_string_in_one_string_out(checkpoint):
+    translator = Translator.load(checkpoint, method="greedy", max_len_b=6)
+    assert translator.translate("Sì, certo!") == translator.translate(["Sì, certo!"])[0]
+    assert translator.translate(x for x in ["Ciao", ""]) == translator.translate(["Ciao", ""])
+    with pytest.raises(TypeError, match="line 2 is a NoneType, not a str"):
+        translator.translate(["Ciao", None])
+
+
+def test_device_and_precision_are_honoured(checkpoint, monkeypatch):
+    used = []
+
+    def spy(precision, device):
+        used.append((precision, device.type))
+        return real(precision, device)
+
+    real = text_module.autocast
+    monkeypatch.setattr(text_module, "autocast", spy)
+    translator = Translator.load(checkpoint, device="cpu", precision="fp32", method="greedy",
+                                 max_len_b=4)
+    assert translator.device == torch.device("cpu") and translator.decode.precision == "fp32"
+    assert {(p.device.type, p.dtype) for p in translator.model.parameters()} == {("cpu", torch.float32)}
+    translator.translate(["Ciao"])
+    translator.translate(["Ciao"], precision="bf16")  # emulated on this CPU: a warning, and it runs
+    assert used == [("fp32", "cpu"), ("bf16", "cpu")]
+    assert Translator.load(checkpoint, device=torch.device("cpu")).device == torch.device("cpu")
+    assert "device=cpu, precision=fp32" in repr(translator)
+
+
+@pytest.mark.parametrize("where", ["missing", "empty", "file"])
+def test_a_bad_path_is_one_user_error_naming_it(checkpoint, tmp_path, where):
+    path = {"missing": tmp_path / "nowhere", "empty": tmp_path,
+            "file": checkpoint / "model.json"}[where]
+    with pytest.raises(UserError) as info:
+        Translator.load(path)
+    msg = str(info.value)
+    assert str(path) in msg and "\n" not in msg
+    assert "checkpoint directory" in msg and "CTranslate2 export" in msg
+
+
+def test_a_bad_setting_is_mt_translates_config_error(checkpoint, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", "input.text=Ciao",
+                                      "decode.beam_size=0"])
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main()
+    message = "decode.beam_size=0: must be >= 1"
+    assert exit_info.value.code == f"mt-translate: error: {message}"
+    translator = Translator.load(checkpoint)
+    with pytest.raises(ConfigError) as info:
+        translator.translate(["Ciao"], beam_size=0)
+    assert str(info.value) == message
+    with pytest.raises(ConfigError, match=r"^decode\.beam_size=0: must be >= 1$"):
+        Translator.load(checkpoint, beam_size=0)
+    refused = {
+        "nbest": (dict(nbest=4, beam_size=3), r"^decode\.nbest=4: cannot exceed decode\.beam_size=3$"),
+        "type": (dict(max_len_b="six"), r"^decode\.max_len_b: Value 'six' .* could not be converted"),
+        "finite": (dict(lenpen=float("nan")), r"^decode\.lenpen=nan: must be a finite number$"),
+        "unknown": (dict(beam=3), r"^decode\.beam: not a decode setting; the settings are method, "),
+    }
+    for keywords, pattern in refused.values():
+        with pytest.raises(ConfigError, match=pattern):
+            translator.translate(["Ciao"], **keywords)
+
+
+@pytest.mark.parametrize("keywords, pattern", [
+    (dict(precision="fp16"), r"^decode\.precision=fp16 needs CUDA"),
+    (dict(precision="fp64"), r"^decode\.precision='fp64': choose one of auto, fp32, bf16, fp16$"),
+    (dict(device="gpu"), r"^device='gpu': choose auto, cpu, cuda or cuda:N$"),
+    (dict(threads=0), r"^threads=0: must be >= 1"),
+    (dict(nbest=2), r"^decode\.nbest: give nbest to translate\(\)"),
+])
+def test_a_bad_load_keyword_names_its_key(checkpoint, keywords, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        Translator.load(checkpoint, **keywords)
+
+
+def test_an_export_takes_precision_auto_only(export_dir):
+    with pytest.raises(ConfigError, match=r"^decode\.precision=fp32: an exported model computes"):
+        Translator.load(export_dir, device="cpu", precision="fp32")
+
+
+def test_import_transformer_does_not_import_torch():
+    """The package's face is lazy: LibreTranslate's venv imports transformer.deploy.serving,
+    with only the standard library; and the OpenMP policy must be set before torch loads."""
+    code = """if True:
+        import os, sys
+        import transformer
+        assert "torch" not in sys.modules, "import transformer imported torch"
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        assert {"Transformer", "Translator"} <= set(dir(transformer)) & set(transformer.__all__)
+        from transformer import Translator, Transformer
+        from transformer.decoding.translator import Translator as T
+        from transformer.model.transformer import Transformer as M
+        assert (Translator, Transformer) == (T, M) and "torch" in sys.modules
+        assert transformer.Translator is T
+        try:
+            transformer.Translatr
+        except AttributeError as e:
+            assert "has no attribute 'Translatr'" in str(e)
+        else:
+            raise AssertionError("a misspelt name resolved")
+    """
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
