@@ -1,0 +1,160 @@
+"""The package's layout as properties (issue #44): the layers of docs/architecture.md hold.
+
+The graph is read from the code by scripts/import_graph.py (an import inside a function
+counts; one under `if TYPE_CHECKING:` does not), so these tests check what the modules
+import, not what a page says they do. The rank of each subpackage and shared module is
+its LAYERS table.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "transformer"
+sys.path.insert(0, str(ROOT / "scripts"))
+import import_graph  # noqa: E402  (scripts/ is not a package)
+from import_graph import (  # noqa: E402
+    LAYERS,
+    cycles,
+    group,
+    group_graph,
+    layer_breaches,
+    longest_chain,
+    read_graph,
+)
+
+GRAPH = read_graph(ROOT)
+SUBPACKAGES = sorted(p.parent.relative_to(ROOT).as_posix().replace("/", ".")
+                     for p in PACKAGE.glob("*/__init__.py"))
+FLAT_LONGEST_CHAIN = 11  # the flat package before the move (b005d97): train -> ... -> errors
+MAX_CLASS_LINES = 200
+
+
+def test_the_graph_is_read_from_the_whole_package():
+    files = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py"]
+    assert len(GRAPH.modules) == len(files) > 40
+    assert len(GRAPH.edges) > 100
+    # a function-level import is an edge: mt-export's command imports its converters lazily
+    assert ("transformer.commands.export", "transformer.deploy.argos") in GRAPH.edges
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(GRAPH) == []
+
+
+def test_no_import_cycle_between_subpackages():
+    assert cycles(group_graph(GRAPH)) == []
+
+
+def test_every_module_is_in_a_layer_and_no_module_imports_from_a_higher_one():
+    assert layer_breaches(GRAPH) == []
+
+
+def test_the_layers_name_every_subpackage_and_nothing_that_is_not_there():
+    for name in LAYERS:
+        path = ROOT.joinpath(*name.split("."))
+        assert (path / "__init__.py").is_file() or path.with_suffix(".py").is_file(), name
+    assert set(SUBPACKAGES) <= set(LAYERS)
+
+
+def test_two_subpackages_of_one_layer_never_import_each_other():
+    """Training, deployment and inspection (and the model and the data) stand side by side:
+    each subpackage's docstring says it never imports its neighbours, and none does."""
+    for a, b in group_graph(GRAPH).edges:
+        if a in SUBPACKAGES and b in SUBPACKAGES:
+            assert LAYERS[b] < LAYERS[a], f"{a} imports {b}, of the same layer"
+
+
+def test_the_longest_import_chain_is_shorter_than_the_flat_packages():
+    chain = longest_chain(GRAPH)
+    assert len(chain) < FLAT_LONGEST_CHAIN, " -> ".join(chain)
+
+
+def test_only_the_shared_modules_are_at_the_top_level():
+    top = {m for m in GRAPH.modules if m.count(".") == 1 and m not in SUBPACKAGES}
+    shared = {name for name in LAYERS if name not in SUBPACKAGES}
+    assert top == shared
+    assert len(top) == 7
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_every_subpackage_says_what_lives_there_and_what_it_may_import(package):
+    """Its `__init__.py` docstring has a "May import:" paragraph, and every subpackage that
+    paragraph allows is of the same or a lower layer (the docstring cannot promise more
+    than the layers hold)."""
+    init = ROOT.joinpath(*package.split(".")) / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+    assert doc.count("\n") >= 2, f"{init}: no docstring saying what lives there"
+    rule = re.search(r"May import:(.*?)(?:\n\n|$)", doc, re.DOTALL)
+    assert rule, f"{init}: its docstring names no 'May import:' rule"
+    allowed = rule.group(1).split("never")[0]
+    for named in re.findall(r"`(transformer\.\w+)`", allowed):
+        assert named in LAYERS, f"{init} names {named}, which is in no layer"
+        assert LAYERS[named] <= LAYERS[package], f"{init} allows {named}, of a higher layer"
+
+
+def test_every_subpackage_imports_only_what_its_docstring_allows():
+    """The subpackages a subpackage imports are named in its docstring's "May import:"
+    paragraph (or it says "every other layer"): the docstring and the code agree."""
+    imports = group_graph(GRAPH).out()
+    for package in SUBPACKAGES:
+        init = ROOT.joinpath(*package.split(".")) / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        allowed = re.search(r"May import:(.*?)(?:\n\n|$)", doc, re.DOTALL).group(1).split("never")[0]
+        if "every other layer" in allowed:
+            continue
+        for other in sorted(imports[package] & set(SUBPACKAGES)):
+            assert f"`{other}`" in allowed, f"{package} imports {other}; its docstring does not allow it"
+
+
+def test_no_class_is_longer_than_200_lines():
+    """A class is read in one sitting; what a long one does beside its job goes to small
+    collaborators it calls. Fails for `Trainer` (training/trainer.py, 322 lines) until the
+    branch that moves its state, signals and logging out (#44) is merged."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(ROOT).as_posix()}: class {node.name} is "
+                            f"{node.end_lineno - node.lineno + 1} lines")
+    assert long == []
+
+
+def test_the_import_graph_script_exits_zero_on_this_tree():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_graph.py")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "module cycles 0, subpackage cycles 0" in proc.stdout
+    assert "layer breach" not in proc.stdout
+
+
+def test_the_import_graph_script_finds_a_cycle_and_a_breach(tmp_path):
+    """The script's exit status means something: a tree with a cycle and an import from a
+    higher layer fails it."""
+    pkg = tmp_path / "transformer"
+    (pkg / "model").mkdir(parents=True)
+    (pkg / "commands").mkdir()
+    for init in (pkg, pkg / "model", pkg / "commands"):
+        (init / "__init__.py").write_text('"""x"""\n')
+    (pkg / "errors.py").write_text("from transformer import config\n")
+    (pkg / "config.py").write_text("from transformer.errors import UserError\n")
+    (pkg / "model" / "masks.py").write_text("from transformer.commands import train\n")
+    (pkg / "commands" / "train.py").write_text("import transformer.model.masks\n")
+    graph = read_graph(tmp_path)
+    assert sorted(cycles(graph)) == [["transformer.commands.train", "transformer.model.masks"],
+                                     ["transformer.config", "transformer.errors"]]
+    assert any("transformer.model.masks (layer 1) imports transformer.commands.train" in b
+               for b in layer_breaches(graph))
+    assert import_graph.main(["--root", str(tmp_path)]) == 1
+
+
+def test_group_is_the_subpackage_or_the_shared_module():
+    assert group("transformer.model.transformer") == "transformer.model"
+    assert group("transformer.errors") == "transformer.errors"
