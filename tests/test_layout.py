@@ -158,3 +158,14 @@ def test_the_import_graph_script_finds_a_cycle_and_a_breach(tmp_path):
 def test_group_is_the_subpackage_or_the_shared_module():
     assert group("transformer.model.transformer") == "transformer.model"
     assert group("transformer.errors") == "transformer.errors"
+
+
+def test_the_architecture_picture_is_drawn_from_the_graph(tmp_path):
+    """scripts/plot_architecture.py draws docs/architecture.png from this graph: it runs,
+    and the picture the manual shows is there."""
+    out = tmp_path / "architecture.png"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_architecture.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (ROOT / "docs" / "architecture.png").is_file()
