@@ -169,3 +169,75 @@ def test_the_architecture_picture_is_drawn_from_the_graph(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (ROOT / "docs" / "architecture.png").is_file()
+
+
+# -- every path and dotted name the docs mention follows the tree ------------------------
+
+PAGES = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:transformer|tests|scripts)/[\w/.-]*\.(?:py|sh))")
+DOTTED = re.compile(r"(?<![\w/.-])(transformer(?:\.(?!py\b)[A-Za-z_]\w*)+)(?!\.?\w)")  # not transformer.py
+# a file named alone, `corpus.py`; one followed by an arrow is an old name that moved
+BARE_FILE = re.compile(r"`(\w+\.py)`(?!\s*→)")
+FILE_NAMES = {p.name for folder in ("transformer", "tests", "scripts") for p in (ROOT / folder).rglob("*.py")}
+
+
+def _docstrings(path: Path) -> str:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return "\n".join(ast.get_docstring(n) or "" for n in ast.walk(tree) if isinstance(n, kinds))
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def resolves(dotted: str) -> bool:
+    """`transformer.decoding.text` (a module), or `transformer.decoding.text.translate_nbest`
+    (a module and a name defined at its top level, a class's attribute after it)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:i])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if module.is_file():
+            return i == len(parts) or parts[i] in _top_level_names(module)
+    return False
+
+
+def test_the_docs_check_tells_a_stale_name_from_a_live_one():
+    assert resolves("transformer.decoding.text.translate_nbest")
+    assert resolves("transformer.model")
+    assert not resolves("transformer.decoding.translate_nbest")  # the flat package's decoding.py
+    assert not resolves("transformer.trainer")
+    assert DOTTED.findall("`transformer.py`, `transformer.data.corpus`") == ["transformer.data.corpus"]
+    assert BARE_FILE.findall("`cleaned.py` → `data/clean_split.py`, see `corpus.py`") == ["corpus.py"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_every_path_and_module_a_page_names_exists(page):
+    """A `transformer/...py`, `tests/...py` or `scripts/...` path, a dotted
+    `transformer.x.y` name, and a file named alone (`clean_split.py`) in a page are there
+    in the tree, so a move that forgets a page fails here."""
+    text = page.read_text(encoding="utf-8")
+    missing = [p for p in REPO_PATH.findall(text) if not (ROOT / p).exists()]
+    missing += [d for d in DOTTED.findall(text) if not resolves(d)]
+    missing += [f for f in BARE_FILE.findall(text) if f not in FILE_NAMES]
+    assert missing == []
+
+
+def test_every_path_and_module_a_docstring_names_exists():
+    """The same for the package's docstrings, which the API reference renders."""
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = _docstrings(path)
+        missing += [f"{path.relative_to(ROOT)}: {p}" for p in REPO_PATH.findall(text) if not (ROOT / p).exists()]
+        missing += [f"{path.relative_to(ROOT)}: {d}" for d in DOTTED.findall(text) if not resolves(d)]
+    assert missing == []
