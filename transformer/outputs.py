@@ -3,7 +3,7 @@
 The outputs: an average's checkpoint directory (mt-average), an export or an Argos
 package (mt-export), a translation (mt-translate), an evaluation's files (mt-evaluate), a
 picture (mt-masks).
-(Training's run directory has its own rules, `rundir.py`; the prepared-data cache is a
+(Training's run directory has its own rules, `training/run_dir.py`; the prepared-data cache is a
 folder of entries named by their content, checked by `check_folder`.) Each command calls
 `check` on each of its outputs before any work starts, and it refuses, in one line
 naming the key the user typed:

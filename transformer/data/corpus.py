@@ -1,7 +1,7 @@
 """Reading parallel corpora, and the cleaning rule.
 
 A corpus split is read as a stream of (source, target) pairs (`iter_split`), which
-preparation cleans in chunks (`cleaned.py`); small sets (test sets, a held-out dev set)
+preparation cleans in chunks (`clean_split.py`); small sets (test sets, a held-out dev set)
 are read into `Pairs` lists. Plain-text files are read line by line as bytes, so a bad
 byte or a misalignment is reported with the file name and line number; a file ending in
 `.gz`, `.xz` or `.bz2` is decompressed as it is read, and a corrupt or truncated archive
@@ -267,7 +267,7 @@ class HeldOutTail:
 
 def load_split(cfg: DataConfig, split: str) -> Pairs:
     """One split (`train`, `dev`, or `test` for hub corpora) of the configured corpus, in
-    memory (for small sets: preparation streams, `cleaned.clean_corpus`)."""
+    memory (for small sets: preparation streams, `clean_split.clean_corpus`)."""
     if cfg.name == "files" and split == "dev" and not cfg.dev_src:
         train, origin = iter_split(cfg, "train")
         held = HeldOutTail(train)

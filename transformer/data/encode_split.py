@@ -1,6 +1,6 @@
 """Encoding a cleaned split into the prepared-data cache, chunk by chunk.
 
-Each chunk of a `cleaned.CleanSplit` is encoded by SentencePiece (in the `Workers`
+Each chunk of a `clean_split.CleanSplit` is encoded by SentencePiece (in the `Workers`
 processes, or in this process with `data.num_proc` threads), length-filtered (training
 splits) and appended to one Arrow file, which training memory-maps
 (`datasets.Dataset.from_file`). Columns: `src`, `tgt` (the normalised text), `src_ids`,

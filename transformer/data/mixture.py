@@ -117,7 +117,7 @@ class CorpusMixture:
 
 def mix_sample(corpora: list, weights: list[float], n_sentences: int, seed: int = 0) -> list[str]:
     """About `n_sentences` sentences (both sides of n_sentences / 2 pairs) drawn from the
-    corpora (`cleaned.CleanSplit`s, or `corpus.Pairs`) in proportion to the weights: the
+    corpora (`clean_split.CleanSplit`s, or `corpus.Pairs`) in proportion to the weights: the
     text a mix's joint vocabulary is trained on, so that each corpus shapes it as much as it shapes training.
     A corpus asked for more pairs than it has gives all of them, repeated."""
     out: list[str] = []

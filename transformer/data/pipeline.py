@@ -1,8 +1,8 @@
 """The data pipeline's entry points: `prepare_data` for training, `load_test_set` for evaluation.
 
 prepare_data streams: read -> clean (NFC, whitespace, empty pairs) into Arrow files on
-disk (`cleaned.py`) -> joint SentencePiece vocabulary -> encode and length-filter (train
-only) chunk by chunk into the cache (`encoding.py`), with `data.num_proc` worker
+disk (`clean_split.py`) -> joint SentencePiece vocabulary -> encode and length-filter (train
+only) chunk by chunk into the cache (`encode_split.py`), with `data.num_proc` worker
 processes (`workers.py`). A mix of corpora (`data.name=mix`) goes through the same steps
 per corpus, with one vocabulary trained on a sample balanced by the corpora's weights.
 The result is cached under `{cache_dir}/prepared-<key>/`, keyed by the cleaned text's
@@ -111,7 +111,7 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     """Load, clean, tokenize and encode the corpora of `cfg`, or reuse the cached result.
 
     Streams: the corpora are read, cleaned and hashed in chunks into Arrow files under a
-    temporary folder of the cache (`cleaned.py`), then encoded chunk by chunk into the
+    temporary folder of the cache (`clean_split.py`), then encoded chunk by chunk into the
     cache itself; memory does not grow with the corpus.
 
     Under DDP, call it on rank 0 first and on the other ranks after a barrier, so that

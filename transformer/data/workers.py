@@ -1,6 +1,6 @@
 """Worker processes for preparation: `map` over a stream of chunks, in order.
 
-Preparation (`data.prepare_data`) cleans and encodes a corpus chunk by chunk; with
+Preparation (`pipeline.prepare_data`) cleans and encodes a corpus chunk by chunk; with
 `data.num_proc` > 1 the chunks go to that many worker processes while the main process
 reads the corpus and writes the results, in order. The workers are spawned (the main
 process may hold torch's OpenMP threads, which do not survive a fork), once per

@@ -2,11 +2,11 @@
 
 Shapes: B batch (sentences), S source length.
 
-    model, tokenizer, device = decoding.load_for_inference("exports/tatoeba_int8", "cpu")
-    decoding.translate_nbest(model, tokenizer, lines, DecodeConfig())  # as with a checkpoint
+    model, tokenizer, device = text.load_for_inference("exports/tatoeba_int8", "cpu")
+    text.translate_nbest(model, tokenizer, lines, DecodeConfig())  # as with a checkpoint
 
-`decoding.load_for_inference` returns a `CT2Model` for a directory holding export.json,
-and `decoding.translate_nbest` calls its `search(src_ids, cfg)` where it would call
+`text.load_for_inference` returns a `CT2Model` for a directory holding export.json,
+and `text.translate_nbest` calls its `search(src_ids, cfg)` where it would call
 `search.search(model, src_ids, cfg)`: the same padded source ids in (no BOS or EOS), the
 same n-best lists of `Hypothesis` out, so normalising, cutting long inputs, batching,
 input order, empty lines, n-best output and the progress bar are shared code.
@@ -131,7 +131,7 @@ def export_device(pref: str) -> torch.device:
 
 def load_export(path: str | Path, device_pref: str = "auto", threads: int | None = None):
     """(CT2Model, tokenizer, device) from an export directory, as
-    `decoding.load_for_inference` gives them for a checkpoint."""
+    `text.load_for_inference` gives them for a checkpoint."""
     device = export_device(device_pref)
     model = CT2Model(path, device, threads)
     tokenizer = Tokenizer.load(Path(path) / TOKENIZER)
@@ -142,7 +142,7 @@ def load_export(path: str | Path, device_pref: str = "auto", threads: int | None
 
 
 class CT2Model:
-    """An export in a `ctranslate2.Translator`, with what `decoding.translate_nbest` needs:
+    """An export in a `ctranslate2.Translator`, with what `text.translate_nbest` needs:
     `cfg` (the ModelConfig), `device` and `search(src_ids, cfg)`; `score` teacher-forces.
 
     threads: on a CPU, that many single-threaded workers (None: 2), each translating a

@@ -1,6 +1,6 @@
 """Mask inspector: the batch, masks and attention of real sentence pairs, as the model sees them.
 
-The library behind `mt-masks` (`masks_cli.py`). Nothing here re-implements the model: the
+The library behind `mt-masks` (`transformer/commands/masks.py`). Nothing here re-implements the model: the
 batch comes from `batching.collate`, the masks from `masks.py`'s functions, the weights
 from the model's own `MultiHeadAttention` modules (`store_weights`). This module collects
 them and derives what a learner asks about masks:
