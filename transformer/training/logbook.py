@@ -73,14 +73,23 @@ class Logbook:
         self.bar = tqdm(disable=True)
 
     def open(self, step: int, max_steps: int, show_bar: bool) -> None:
-        """Start the progress bar at `step` of `max_steps` (shown only if `show_bar`) and a
-        new log window."""
+        """Start the progress bar and a new log window, as training starts or resumes.
+
+        Args:
+            step: the updates applied already (a resumed run's).
+            max_steps: the updates training ends at (the bar's total).
+            show_bar: draw the bar (else a log line per window stands in for it).
+        """
         self.bar = tqdm(total=max_steps, initial=step, dynamic_ncols=True, desc="train", disable=not show_bar)
         self.window.reset()
 
     def add(self, metrics: dict[str, float]) -> None:
-        """Count an update (`Trainer.train_step`'s metrics) in the window, where its loss is
-        finite; an applied one moves the bar."""
+        """Count an update in the window where its loss is finite; an applied one moves the bar.
+
+        Args:
+            metrics: the update's, as `Trainer.train_step` returns them (`loss_sum`,
+                `nll_sum`, `tokens`, `applied`).
+        """
         if math.isfinite(metrics["loss_sum"]):
             self.window.add(metrics)
         if metrics["applied"]:
