@@ -84,10 +84,7 @@ class Trainer:
 
     def resume(self, candidates: list[Path]) -> Path | None:
         """Continue from the first readable of `candidates` (newest first); None: a new run."""
-        found = self.checkpoints.resume(candidates, self.device)
-        if found is None:
-            return None
-        path, self.state = found
+        path, self.state = self.checkpoints.resume(candidates, self.device) or (None, self.state)
         return path
 
     def save(self, name: str, with_state: bool = True) -> Path | None:
