@@ -2,12 +2,13 @@
 
 `trainer.py` is the loop (`Trainer.fit`: batches, mixed precision, updates, when to
 validate and save); what it delegates lives beside it: `state.py` the training state that
-a checkpoint carries in and out (exact resume), `signals.py` stopping on SIGINT/SIGTERM
-with a checkpoint, `logbook.py` the logging windows and TensorBoard, `validation.py` dev
-loss and BLEU, `loss.py` label-smoothed cross-entropy, `optimizer.py` Adam and the
-warm-up schedule, `nan_guard.py` telling a diverged run from a skipped update,
-`run_dir.py` the run directory and its checkpoint rules, `distributed.py` the `torchrun`
-process group and RNG states, `finetune.py` starting from a trained model's weights.
+a checkpoint carries in and out (exact resume) and the run's checkpoints (writing, keeping
+the last N, resuming), `signals.py` stopping on SIGINT/SIGTERM with a checkpoint,
+`logbook.py` the logging windows and TensorBoard, `validation.py` dev loss and BLEU,
+`loss.py` label-smoothed cross-entropy, `optimizer.py` Adam and the warm-up schedule,
+`nan_guard.py` telling a diverged run from a skipped update, `run_dir.py` the run
+directory and its checkpoint rules, `distributed.py` the `torchrun` process group and RNG
+states, `finetune.py` starting from a trained model's weights.
 
 May import: the top-level modules, `transformer.model`, `transformer.data`,
 `transformer.decoding` (validation translates the dev set); never deployment or the commands.

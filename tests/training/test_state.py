@@ -1,0 +1,137 @@
+"""The training state a checkpoint carries: it round-trips through torch.load(weights_only=True)
+and restores weights, optimizer, schedule, scaler, RNGs and position exactly; the format's keys
+stay those older checkpoints have; rotation prunes only this run's own step checkpoints; a
+failed resume changes nothing and an unreadable newest checkpoint falls back to the next."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer.config import ModelConfig, OptimConfig, TrainerConfig
+from transformer.model.transformer import build_model
+from transformer.training.optimizer import build_optimizer, build_scheduler
+from transformer.training.run_dir import RunDirError
+from transformer.training.state import Checkpoints, TrainState
+
+from helpers import sample_tokenizer
+
+CPU = torch.device("cpu")
+
+
+def checkpoints(run_dir, tokenizer=None, seed=0, **trainer) -> Checkpoints:
+    """A run's Checkpoints over a fresh tiny model (weights from `seed`) and its optimizer."""
+    tokenizer = tokenizer or sample_tokenizer()
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                                    n_encoder_layers=1, n_decoder_layers=1, max_positions=32))
+    optimizer = build_optimizer(model, OptimConfig(), CPU)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    tc = TrainerConfig(run_dir=str(run_dir), **trainer)
+    return Checkpoints(tc, "seed: 1\n", model, tokenizer, optimizer, build_scheduler(optimizer, OptimConfig()),
+                       scaler)
+
+
+def update(c: Checkpoints) -> None:
+    """One real optimizer update: the weights, Adam's moments and the schedule all move."""
+    c.model.train()
+    ids = torch.randint(4, c.tokenizer.vocab_size, (2, 5))
+    c.model(ids, ids).float().pow(2).mean().backward()
+    c.optimizer.step()
+    c.scheduler.step()
+    c.optimizer.zero_grad(set_to_none=True)
+
+
+def test_the_trainer_state_loads_with_weights_only_and_keeps_its_keys(tmp_path):
+    c = checkpoints(tmp_path / "run")
+    update(c)
+    state = TrainState(step=1, epoch=2, batch_index=3, skipped_steps=4, best_bleu=5.5, bad_validations=6,
+                       train_seconds=7.25)
+    path = c.save("step_1", state)
+    with open(path / "trainer_state.pt", "rb") as f:
+        saved = torch.load(f, weights_only=True)  # no pickled classes: plain containers and tensors
+    # The keys a checkpoint written before this module existed has, and a resume reads.
+    assert set(saved) == {"optimizer", "scheduler", "scaler", "rng", "train_state"}
+    assert saved["train_state"] == dataclasses.asdict(state)
+    assert set(saved["train_state"]) == {f.name for f in dataclasses.fields(TrainState)}
+    meta = ckpt.load_meta(path)
+    assert (meta["step"], meta["epoch"], meta["best_bleu"], meta["train_seconds"]) == (1, 2, 5.5, 7.25)
+
+
+def test_load_restores_everything_exactly(tmp_path):
+    c = checkpoints(tmp_path / "run")
+    update(c)
+    state = TrainState(step=1, epoch=0, batch_index=9, best_bleu=3.0)
+    c.save("step_1", state)
+    as_saved = copy.deepcopy(c)  # weights, Adam's moments, schedule: the checkpoint's
+    next_draws = (torch.rand(3), random.random(), np.random.rand())
+    update(c)  # the run goes on: everything moves past the checkpoint
+    random.seed(5)
+    np.random.seed(5)
+
+    resumed = checkpoints(tmp_path / "run", seed=1)  # another model, its own RNG state
+    assert resumed.load(tmp_path / "run" / "checkpoints" / "step_1", CPU) == state
+    draws = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(draws[0], next_draws[0]) and draws[1:] == next_draws[1:]
+    for k, v in resumed.model.state_dict().items():
+        assert torch.equal(v, as_saved.model.state_dict()[k]), k
+    # The next update from the restored state is the one the saved state would have made.
+    for one in (resumed, as_saved):
+        torch.manual_seed(7)
+        update(one)
+    assert resumed.scheduler.get_last_lr() == as_saved.scheduler.get_last_lr()
+    for k, v in resumed.model.state_dict().items():
+        assert torch.equal(v, as_saved.model.state_dict()[k]), k
+
+
+def test_a_checkpoint_with_another_tokenizer_is_refused_before_anything_changes(tmp_path):
+    c = checkpoints(tmp_path / "run")
+    c.save("step_1", TrainState(step=1))
+    other = checkpoints(tmp_path / "other", tokenizer=sample_tokenizer(250), seed=1)
+    before = {k: v.clone() for k, v in other.model.state_dict().items()}
+    with pytest.raises(RunDirError, match="tokenizer differs"):
+        other.load(tmp_path / "run" / "checkpoints" / "step_1", CPU)
+    for k, v in other.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_resume_falls_back_past_an_unreadable_checkpoint_but_not_past_the_last(tmp_path, caplog):
+    c = checkpoints(tmp_path / "run", keep_last=0)
+    older = c.save("step_1", TrainState(step=1))
+    newer = c.save("step_2", TrainState(step=2))
+    (newer / "trainer_state.pt").write_bytes(b"truncated")
+    with caplog.at_level(logging.WARNING):
+        path, state = c.resume([newer, older], CPU)
+    assert path == older and state.step == 1
+    assert f"cannot resume from {newer}" in caplog.text and "falling back to step_1" in caplog.text
+    with pytest.raises(ckpt.CheckpointError, match=r"trainer_state\.pt"):
+        c.resume([newer], CPU)
+    assert c.resume([], CPU) is None  # a new run
+
+
+def test_rotation_keeps_the_last_n_of_this_runs_step_checkpoints(tmp_path):
+    stranger = checkpoints(tmp_path / "run").save("step_0", TrainState())  # not this run's
+    c = checkpoints(tmp_path / "run", keep_last=2)
+    for step in range(1, 5):
+        c.save(f"step_{step}", TrainState(step=step))
+    c.save("best", TrainState(step=4), with_state=False)
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["best", "step_0", "step_3", "step_4"]
+    assert stranger.is_dir()
+    assert not (tmp_path / "run" / "checkpoints" / "best" / "trainer_state.pt").exists()
+    assert c.newest().name == "step_4"
+    assert checkpoints(tmp_path / "empty").newest() is None
+
+
+def test_ranks_other_than_zero_write_nothing(tmp_path):
+    c = checkpoints(tmp_path / "run")
+    c.is_main = False
+    assert c.save("step_1", TrainState(step=1)) is None
+    assert not (tmp_path / "run").exists()

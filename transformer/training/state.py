@@ -1,0 +1,160 @@
+"""The training state a checkpoint carries in and out: `TrainState` (where training stands),
+the trainer state saved beside the weights (`trainer_state.pt`: optimizer, schedule, grad
+scaler, RNG states and `TrainState`, the keys a resumed run reads), and `Checkpoints`, which
+writes a run's checkpoints, keeps the last N and resumes exactly from one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer.config import TrainerConfig
+from transformer.data.tokenizer import Tokenizer
+from transformer.model.transformer import Transformer
+from transformer.training.distributed import rng_state, set_rng_state
+from transformer.training.run_dir import RunDirError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0  # optimizer updates applied
+    epoch: int = 0
+    batch_index: int = 0  # next batch of this rank's shard in `epoch`
+    skipped_steps: int = 0  # updates dropped for non-finite gradients
+    best_bleu: float = -1.0  # best selection score (Validator.selection_score)
+    bad_validations: int = 0  # validations since the best dev BLEU (early stopping)
+    train_seconds: float = 0.0
+
+
+class Checkpoints:
+    """A run's checkpoints, written and read: the weights with what describes them (tokenizer,
+    run config, meta) and, unless told otherwise, the trainer state for exact resume.
+
+    `owned` names the checkpoints of this run already in its directory (a resumed run's):
+    only those and the ones written here are replaced or pruned. Only rank 0 writes.
+    """
+
+    def __init__(self, tc: TrainerConfig, run_config_yaml: str, model: Transformer, tokenizer: Tokenizer,
+                 optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+                 scaler: torch.amp.GradScaler, owned: set[str] | None = None, is_main: bool = True) -> None:
+        self.run_dir, self.keep_last, self.init_from = Path(tc.run_dir), tc.keep_last, tc.init_from
+        self.run_config_yaml, self.model, self.tokenizer = run_config_yaml, model, tokenizer
+        self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
+        self.owned = set(owned or ())
+        self.is_main = is_main
+
+    def trainer_state(self, state: TrainState) -> dict[str, Any]:
+        """What `trainer_state.pt` holds: tensors and plain containers only, so that it
+        loads with `torch.load(weights_only=True)`.
+
+        Args:
+            state: where training stands.
+
+        Returns:
+            The optimizer, scheduler and grad scaler state dicts, this process's RNG states
+            and `state` as a dict, under the keys `load` reads.
+        """
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": rng_state(),
+            "train_state": asdict(state),
+        }
+
+    def save(self, name: str, state: TrainState, with_state: bool = True) -> Path | None:
+        """Write checkpoint `name` (atomically); a `step_N` one then prunes the older ones
+        this run owns down to `trainer.keep_last`.
+
+        Args:
+            name: the checkpoint's folder name in `checkpoints/` (`step_N`, `best`).
+            state: where training stands (in the meta, and in the trainer state).
+            with_state: also write the trainer state (`best` is weights only).
+
+        Returns:
+            The checkpoint's path; None on ranks other than 0, which write nothing.
+        """
+        if not self.is_main:
+            return None
+        meta = {"step": state.step, "epoch": state.epoch,
+                "best_bleu": state.best_bleu, "train_seconds": state.train_seconds}
+        if self.init_from:  # a fine-tuning run names the checkpoint it started from
+            meta["init_from"] = str(Path(self.init_from).absolute())
+        path = ckpt.save_checkpoint(
+            self.run_dir / "checkpoints" / name, self.model, self.tokenizer,
+            self.run_config_yaml, meta, self.trainer_state(state) if with_state else None)
+        self.owned.add(name)
+        if name.startswith("step_"):
+            ckpt.prune_checkpoints(self.run_dir, self.keep_last, self.owned)
+        return path
+
+    def newest(self) -> Path | None:
+        """The run's newest `step_N` checkpoint, or None when there is none."""
+        saved = ckpt.step_checkpoints(self.run_dir)
+        return saved[-1] if saved else None
+
+    def load(self, path: Path, device: torch.device) -> TrainState:
+        """Continue from a checkpoint: weights, optimizer, schedule, grad scaler, RNGs.
+
+        Everything is read before anything is changed, so a checkpoint that fails to load
+        leaves the model and optimizer as they were.
+
+        Args:
+            path: a checkpoint with a trainer state.
+            device: where the weights go.
+
+        Returns:
+            The training state saved in it (step, epoch, data position, best score...).
+
+        Raises:
+            CheckpointError: a file of the checkpoint is missing or unreadable.
+            RunDirError: its tokenizer is not this run's.
+        """
+        weights, tokenizer = ckpt.load_model(path, device)
+        saved = ckpt.load_trainer_state(path)
+        if tokenizer.proto != self.tokenizer.proto:
+            raise RunDirError(
+                f"cannot resume from {path}: its tokenizer differs from the one prepared for "
+                f"this run's data (the corpus or data.* settings changed); start a new "
+                f"trainer.run_dir or set trainer.resume=never")
+        self.model.load_state_dict(weights.state_dict())
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.scaler.load_state_dict(saved["scaler"])
+        set_rng_state(saved["rng"])
+        state = TrainState(**saved["train_state"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step,
+                 state.epoch, state.batch_index)
+        return state
+
+    def resume(self, candidates: list[Path], device: torch.device) -> tuple[Path, TrainState] | None:
+        """Continue from the first readable of `candidates` (newest first).
+
+        An unreadable checkpoint is skipped with a warning naming it, unless it is the last
+        candidate (or the only one, a `trainer.resume` path): then its error stands.
+
+        Args:
+            candidates: checkpoints to try, newest first (none: a new run).
+            device: where the weights go.
+
+        Returns:
+            The checkpoint resumed from and its training state; None for a new run.
+        """
+        for i, path in enumerate(candidates):
+            try:
+                return path, self.load(path, device)
+            except ckpt.CheckpointError as e:
+                if i + 1 == len(candidates):
+                    raise
+                log.warning("cannot resume from %s (%s): falling back to %s", path, e, candidates[i + 1].name)
+        return None
