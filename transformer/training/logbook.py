@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
@@ -17,7 +18,9 @@ from tqdm import tqdm
 
 from transformer.device import anonymous_memory
 from transformer.training.state import TrainState
-from transformer.training.validation import DevResult
+
+if TYPE_CHECKING:  # the results it reports; validation is the trainer's to run
+    from transformer.training.validation import DevResult
 
 log = logging.getLogger(__name__)
 
