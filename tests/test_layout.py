@@ -171,6 +171,23 @@ def test_the_architecture_picture_is_drawn_from_the_graph(tmp_path):
     assert (ROOT / "docs" / "architecture.png").is_file()
 
 
+def test_the_dataflow_picture_names_only_modules_that_are_there(tmp_path):
+    """scripts/plot_dataflow.py draws docs/dataflow.png, a sentence pair's way through the
+    modules; a step naming a module that moved stops it in one line."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import plot_dataflow
+
+    plot_dataflow.check_modules(ROOT)  # every step's module is in the package and a layer
+    out = tmp_path / "dataflow.png"
+    assert plot_dataflow.main(["--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    moved = dict(plot_dataflow.STEPS, read=("read", "transformer.corpus", 1, 0))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plot_dataflow, "STEPS", moved)
+        with pytest.raises(SystemExit, match="transformer.corpus"):
+            plot_dataflow.check_modules(ROOT)
+
+
 # -- every path and dotted name the docs mention follows the tree ------------------------
 
 PAGES = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
