@@ -184,7 +184,7 @@ def test_the_dataflow_picture_names_only_modules_that_are_there(tmp_path):
     moved = dict(plot_dataflow.STEPS, read=("read", "transformer.corpus", 1, 0))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plot_dataflow, "STEPS", moved)
-        with pytest.raises(SystemExit, match="transformer.corpus"):
+        with pytest.raises(SystemExit, match=r"transformer\.corpus"):
             plot_dataflow.check_modules(ROOT)
 
 
