@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoint import save_checkpoint
+from transformer.commands import cli
 from transformer.commands.train import train
 from transformer.config import ModelConfig, TrainConfig, to_dataclass
 from transformer.data.corpus import read_lines
@@ -34,9 +35,12 @@ def shared_cache() -> Path:
     return Path(os.environ["MT_TEST_DATA_CACHE"])
 
 
-def compose_cfg(*overrides: str, config: str = "train") -> DictConfig:
+def compose_cfg(*overrides: str, config: str = "train", return_hydra_config: bool = False) -> DictConfig:
+    """`config` composed as the `mt-*` commands compose it: against the groups' dataclass
+    schemas that `cli.register_configs` stores (as importing cli does for the commands)."""
+    cli.register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config, overrides=list(overrides))
+        return compose(config, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 def run(run_dir: Path, *overrides: str) -> Trainer:

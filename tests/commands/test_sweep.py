@@ -13,7 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from transformer.commands.cli import _dirname
@@ -22,7 +21,7 @@ from transformer.config import TrainConfig, to_dataclass
 from transformer.paths import CONFIG_DIR, PROJECT_ROOT
 from transformer.training.nan_guard import TrainingDiverged
 
-from helpers import shared_cache
+from helpers import compose_cfg, shared_cache
 
 STUDIES = sorted(p.stem for p in (CONFIG_DIR / "hparams_search").glob("*.yaml"))
 
@@ -53,9 +52,7 @@ _impl = pytest.importorskip("hydra_plugins.hydra_optuna_sweeper._impl")
 
 
 def study_config(name: str, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("train", overrides=[f"hparams_search={name}", *overrides],
-                       return_hydra_config=True)
+    return compose_cfg(f"hparams_search={name}", *overrides, return_hydra_config=True)
 
 
 def search_space(name: str) -> dict:
