@@ -16,6 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from transformer.commands.cli import _dirname
+from transformer.commands.overrides import rewrite
 from transformer.commands.sweep import DIVERGED_SCORE, ResumeStudy, trial_score
 from transformer.config import TrainConfig, to_dataclass
 from transformer.paths import CONFIG_DIR, PROJECT_ROOT
@@ -45,6 +46,21 @@ def test_long_job_names_keep_their_difference():
     a, b = "model.d_model=256," * 12 + "optim.lr=0.001", "model.d_model=256," * 12 + "optim.lr=0.002"
     assert len(_dirname(a)) == len(_dirname(b)) == 200 and _dirname(a) != _dirname(b)
     assert _dirname(a)[:187] == a[:187] and _dirname("data.root=/x/y") == "data.root=_x_y"
+
+
+def test_a_jobs_directory_is_named_after_the_overrides_as_typed():
+    """`overrides.rewrite` makes `~optim.betas` and a replaced mix `key='???'` (a typed
+    group cannot lose a key); the job's directory keeps the name the typed override gave
+    it before, so an old sweep resumes into its directories."""
+    typed = ["data=europarl_tatoeba", "data.corpora={europarl: 2, tatoeba: 1}", "optim.lr=0.001"]
+    cfg = compose_cfg(*rewrite(typed, TrainConfig), return_hydra_config=True)
+    assert cfg.data.corpora == {"europarl": 2.0, "tatoeba": 1.0}
+    before = ["data=europarl_tatoeba", "~data.corpora", "++data.corpora={europarl: 2, tatoeba: 1}",
+              "optim.lr=0.001"]  # what rewrite made of them when a mix could be deleted
+    assert _dirname(cfg.hydra.job.override_dirname) == ",".join(sorted(before))
+    cfg = compose_cfg(*rewrite(["model.d_model=128", "~optim.betas", "~data.phases"], TrainConfig),
+                      return_hydra_config=True)
+    assert _dirname(cfg.hydra.job.override_dirname) == "model.d_model=128,~data.phases,~optim.betas"
 
 
 optuna = pytest.importorskip("optuna", reason="the tune extra: pip install -e '.[tune]'")
