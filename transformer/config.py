@@ -70,7 +70,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # the paper's three-way tying: src emb = tgt emb = output proj
     pad_id: int = 0  # special token ids: set from the tokenizer at training time
     bos_id: int = 2  # begins each decoder input
-    eos_id: int = 3  # ends each target
+    eos_id: int = 3  # end of sequence: ends each target, and decoding
 
     def validate(self, prefix: str = "model") -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
