@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from transformer.commands import cli
+from transformer.commands.translate import InputConfig
 from transformer.config import (
     ConfigError,
     DataConfig,
@@ -25,7 +26,7 @@ from transformer.config import (
 )
 from transformer.paths import CONFIG_DIR
 
-from helpers import compose_cfg
+from helpers import COMMAND_SCHEMAS, compose_cfg
 
 
 def train_config(*overrides: str) -> TrainConfig:
@@ -225,7 +226,8 @@ def documented_fields(schema: type) -> dict[str, str]:
     return helps
 
 
-@pytest.mark.parametrize("schema", [*cli.SCHEMAS.values(), PhaseConfig], ids=lambda s: s.__name__)
+@pytest.mark.parametrize("schema", [*cli.SCHEMAS.values(), PhaseConfig, *COMMAND_SCHEMAS.values(), InputConfig],
+                         ids=lambda s: s.__name__)
 def test_every_setting_has_its_help_text_in_its_dataclass(schema):
     """(3) The help text of a setting is written once, beside its default."""
     helps = documented_fields(schema)
@@ -250,3 +252,15 @@ def test_a_preset_does_not_repeat_the_help_text(group, path):
             comment = rest.split("#", 1)[1]
             repeated = _phrases(comment) & _phrases(helps[key])
             assert not repeated, f"{path}: {key}'s comment repeats its help text: {sorted(repeated)[0]}"
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_SCHEMAS))
+def test_a_commands_config_starts_from_its_dataclass_and_restates_nothing(command):
+    """configs/<command>.yaml: the command's dataclass first (`cli.hydra_entry` registers
+    it), then its groups; of its own settings only Hydra's, none of the dataclass's."""
+    defaults, settings = preset(CONFIG_DIR / f"{command}.yaml")
+    assert defaults[0] == f"/schema/{command}@_here_"
+    assert set(settings) <= {"hydra"}, f"{command}.yaml restates {sorted(set(settings) - {'hydra'})}"
+    composed = compose_cfg(*(["checkpoint=x"] if command in ("translate", "evaluate", "export") else []),
+                           config=command)
+    assert OmegaConf.get_type(composed) is COMMAND_SCHEMAS[command]

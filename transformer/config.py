@@ -341,10 +341,13 @@ class DecodeConfig:
 
 @dataclass
 class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """A training run: `configs/train.yaml` composes one preset of each group."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)  # the model group
+    data: DataConfig = field(default_factory=DataConfig)  # the data group
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the optim group
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the trainer group
+    # the decode group: validation's search (greedy in configs/train.yaml)
     decode: DecodeConfig = field(default_factory=lambda: DecodeConfig(method="greedy"))
 
     def validate(self) -> None:
@@ -354,6 +357,11 @@ class TrainConfig:
         _require(self.model.max_positions > self.data.max_len, "model.max_positions",
                  self.model.max_positions, f"must exceed data.max_len={self.data.max_len} (a pair "
                  "plus its BOS/EOS)")
+
+
+# config group -> the dataclass its presets start from (`configs/<group>/*.yaml`)
+GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+                           "trainer": TrainerConfig, "decode": DecodeConfig}
 
 
 def _check_device(key: str, device: str) -> None:

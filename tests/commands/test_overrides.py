@@ -14,7 +14,7 @@ from transformer.commands import prepare
 from transformer.commands.evaluate import EvaluateConfig
 from transformer.commands.overrides import rewrite
 from transformer.commands.train import fill_reset_settings
-from transformer.config import TrainConfig, to_dataclass
+from transformer.config import ModelConfig, TrainConfig, to_dataclass
 
 from helpers import compose_cfg, shared_cache
 
@@ -44,7 +44,8 @@ def test_deleting_a_setting_gives_its_default_even_when_it_is_null():
     assert composed(TrainConfig, "~trainer.max_hours").trainer.max_hours is None
     assert composed(TrainConfig, "trainer.max_hours=2", "~trainer.max_hours").trainer.max_hours is None
     assert composed(TrainConfig, "trainer.max_steps=7", "~trainer.max_steps").trainer.max_steps == 100_000
-    assert rewrite(["~model"], TrainConfig) == ["~model"]  # a group: Hydra's own deletion
+    assert rewrite(["~model"], TrainConfig) == ["~model"]  # a group: Hydra drops it, the schema stays
+    assert composed(TrainConfig, "model=tiny", "~model").model == ModelConfig()
 
 
 def test_a_setting_reset_on_the_command_line_is_saved_as_its_default():

@@ -9,11 +9,13 @@ starts where it can be known then; so does a usage error (mt-average's too). A t
 is for bugs (any exception that is not a `errors.UserError` or OmegaConf's): set
 `MT_TRACEBACK=1` to see one for a user error too.
 
-Every setting's default and help text live once, in the dataclasses (`transformer/config.py`):
-`register_configs` stores each group's dataclass in Hydra's ConfigStore as `schema/<group>`,
-and each `configs/<group>/*.yaml` starts from it and holds only what that preset changes.
-It runs when this module is imported, so every `mt-*` command composes against it;
-tests call it through `helpers.compose_cfg`.
+Every setting's default and help text live once, in the dataclasses (`transformer/config.py`
+and each command's config): `register_configs` stores each group's dataclass in Hydra's
+ConfigStore as `schema/<group>` (and `TrainConfig` as `schema/train`), and each
+`configs/<group>/*.yaml` starts from it and holds only what that preset changes. It runs
+when this module is imported, so every `mt-*` command composes against it; `hydra_entry`
+adds the command's own dataclass (`schema/translate`: `configs/translate.yaml` starts from
+it). Tests compose through `helpers.compose_cfg`, which registers the same.
 """
 
 from __future__ import annotations
@@ -33,14 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from transformer.commands import overrides
-from transformer.config import (
-    DataConfig,
-    DecodeConfig,
-    ModelConfig,
-    OptimConfig,
-    TrainerConfig,
-    to_dataclass,
-)
+from transformer.config import GROUPS, TrainConfig, to_dataclass
 from transformer.errors import UserError, file_error
 from transformer.paths import PROJECT_ROOT
 
@@ -86,22 +81,26 @@ def _as_typed(text: str) -> str:
 # configs/train.yaml names each sweep job's directory after its overrides with this.
 OmegaConf.register_new_resolver("dirname", _dirname, replace=True)
 
-# config group -> the dataclass its presets start from (`configs/<group>/*.yaml`)
-SCHEMAS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-                            "trainer": TrainerConfig, "decode": DecodeConfig}
+SCHEMAS = GROUPS  # config group -> the dataclass its presets start from
 
 
 def register_configs() -> None:
-    """Store each group's dataclass in Hydra's ConfigStore as the config `schema/<group>`.
+    """Store each group's dataclass in Hydra's ConfigStore as the config `schema/<group>`,
+    and `TrainConfig` as `schema/train`.
 
     A preset's defaults list starts with `/schema/<group>@_here_`: its keys, defaults and
     types are the dataclass's, and the YAML sets only what the preset changes. The schemas
     are a group of their own, not options of the groups, so `model=...` offers the same
     presets as before. Idempotent: a second call stores the same nodes again.
     """
-    store = ConfigStore.instance()
     for group, schema in SCHEMAS.items():
-        store.store(group="schema", name=group, node=schema)
+        register_command(group, schema)
+    register_command("train", TrainConfig)
+
+
+def register_command(name: str, schema: type) -> None:
+    """Store a command's dataclass as `schema/<name>`: `configs/<name>.yaml` starts from it."""
+    ConfigStore.instance().store(group="schema", name=name, node=schema)
 
 
 register_configs()
@@ -144,10 +143,13 @@ def hydra_entry(prog: str, hydra_main: Callable[[], object], schema: type | None
 
     Hydra prints such errors over several lines unless HYDRA_FULL_ERROR is set, in which
     case it raises them: set here, they are caught and shortened. A user who sets
-    HYDRA_FULL_ERROR or MT_TRACEBACK gets Hydra's traceback. With the command's `schema`,
-    the overrides Hydra would take otherwise than meant are rewritten first
+    HYDRA_FULL_ERROR or MT_TRACEBACK gets Hydra's traceback. The command's `schema` is
+    registered as `schema/<command>` (`configs/<command>.yaml` starts from it), and the
+    overrides Hydra would take otherwise than meant are rewritten first
     (`overrides.rewrite`: a mix replaced, a null setting deleted, a comma in a text).
     """
+    if schema is not None:  # configs/<command>.yaml starts from it
+        register_command(prog.removeprefix("mt-"), schema)
     argv = sys.argv
     sys.argv = [argv[0], *overrides.rewrite(argv[1:], schema)]
     try:

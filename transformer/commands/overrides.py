@@ -12,8 +12,9 @@
   becomes `trainer.max_hours=null` (the dataclass's default, whatever the value composed).
   Hydra would refuse the deletion itself: the groups' schemas are dataclasses (their
   settings cannot be deleted), and a null setting "does not exist" for it. A setting
-  whose default is a list, a dict or a dataclass (`~optim.betas`, `~data.phases`) becomes
-  `optim.betas='???'`: missing, so `to_dataclass` fills in the default.
+  whose default is a list, a dict or a dataclass (`~optim.betas`, `~data.phases`,
+  `~input`) becomes `optim.betas='???'`: missing, so `to_dataclass` fills in the default.
+  `~model` stays: Hydra drops the group, and the command's schema gives its defaults.
 - `test_set=src.it,ref.en`, a comma in a text setting of a single run, is that text:
   Hydra would call it ambiguous (a list? a sweep?); it is quoted for it.
 """
@@ -24,6 +25,8 @@ import dataclasses
 import types
 import typing
 from typing import Any
+
+from transformer.config import GROUPS
 
 # Hydra's own flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -54,9 +57,9 @@ def _rewrite_one(arg: str, schema: type, multirun: bool) -> list[str]:
         key, eq, _ = arg[1:].partition("=")
         found = _field(schema, key)
         literal = _literal(found[1]) if found else None
-        if found is None or ("." not in key and (eq or literal is None)):
-            # not a setting (a mix's corpus), or one of the primary config's own (a group,
-            # `~model`): Hydra deletes it, and `to_dataclass` gives it its default
+        if found is None or key in GROUPS:
+            # not a setting of the schema (a mix's corpus): Hydra deletes it; a group
+            # (`~model`): Hydra drops it from the defaults list, and the schema's defaults stay
             return [arg]
         return [f"{key}={literal if literal is not None else MISSING}"]
     key, eq, value = arg.partition("=")
