@@ -166,7 +166,7 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
         explicit = {k: OmegaConf.select(hydra_cfg, f"model.{k}")
                     for k in finetune.command_line_model_keys(list(hydra.overrides.task))}
         model = finetune.model_from_parent(parent, explicit)
-        OmegaConf.update(hydra_cfg, "model", dataclasses.asdict(model), merge=False)
+        OmegaConf.update(hydra_cfg, "model", model, merge=False)  # the typed node takes a ModelConfig
     cfg = to_dataclass(TrainConfig, hydra_cfg)
     fill_reset_settings(hydra_cfg, dataclasses.asdict(cfg))
     return cfg, OmegaConf.to_yaml(hydra_cfg, resolve=True)
