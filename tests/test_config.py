@@ -22,6 +22,7 @@ from transformer.config import (
     ModelConfig,
     PhaseConfig,
     TrainConfig,
+    load_preset,
     to_dataclass,
 )
 from transformer.paths import CONFIG_DIR
@@ -264,3 +265,12 @@ def test_a_commands_config_starts_from_its_dataclass_and_restates_nothing(comman
     composed = compose_cfg(*(["checkpoint=x"] if command in ("translate", "evaluate", "export") else []),
                            config=command)
     assert OmegaConf.get_type(composed) is COMMAND_SCHEMAS[command]
+
+
+@pytest.mark.parametrize(("group", "path"), PRESETS, ids=PRESET_IDS)
+def test_a_script_reads_a_preset_as_hydra_composes_it(group, path):
+    """`load_preset` (the benchmarks read configs/model/small.yaml without Hydra) gives the
+    dataclass that composing `<group>=<preset>` gives."""
+    schema = cli.SCHEMAS[group]
+    assert to_dataclass(schema, load_preset(schema, path)) == \
+        to_dataclass(schema, compose_cfg(f"{group}={path.stem}")[group])

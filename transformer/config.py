@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -386,6 +387,15 @@ def _check_finite(value: Any, key: str = "") -> None:
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_finite(v, f"{key}[{i}]")
+
+
+def load_preset(schema: type, path: str | Path) -> DictConfig:
+    """A group's preset (`configs/<group>/<name>.yaml`) read without Hydra, for scripts: the
+    dataclass's defaults with what the preset changes (its defaults list, which names the
+    schema, dropped). Every key is there, so a script may override any of them."""
+    preset = OmegaConf.load(path)
+    preset.pop("defaults", None)
+    return OmegaConf.merge(OmegaConf.structured(schema), preset)
 
 
 def to_dataclass(schema: type[T], cfg: DictConfig | dict[str, Any]) -> T:
