@@ -33,12 +33,11 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer.checkpoint import load_model
-from transformer.config import ModelConfig, to_dataclass
+from transformer.config import ModelConfig, load_preset, to_dataclass
 from transformer.data.batching import length_batches, pad
 from transformer.data.corpus import read_lines
 from transformer.data.tokenizer import train_tokenizer
@@ -60,7 +59,7 @@ def load_or_build(args):
                                 vocab_size=500)
     # The small model keeps its 8k output vocabulary (its real cost); the 500-piece
     # sample vocabulary only encodes the sources.
-    cfg = to_dataclass(ModelConfig, OmegaConf.load(ROOT / "configs" / "model" / "small.yaml"))
+    cfg = to_dataclass(ModelConfig, load_preset(ModelConfig, ROOT / "configs" / "model" / "small.yaml"))
     torch.manual_seed(0)
     return build_model(dataclasses.replace(cfg, dropout=0.0, attn_dropout=0.0)).eval(), tokenizer
 

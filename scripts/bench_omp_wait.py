@@ -28,9 +28,8 @@ def child(threads: int, steps: int, sentences: int) -> None:
     import dataclasses
 
     import torch  # before `transformer`, which would set OMP_WAIT_POLICY=PASSIVE when unset
-    from omegaconf import OmegaConf
 
-    from transformer.config import DataConfig, DecodeConfig, ModelConfig, to_dataclass
+    from transformer.config import DataConfig, DecodeConfig, ModelConfig, load_preset, to_dataclass
     from transformer.data.batching import TokenBatchSampler, collate, token_lengths
     from transformer.data.pipeline import prepare_data
     from transformer.decoding.text import translate_lines
@@ -40,9 +39,9 @@ def child(threads: int, steps: int, sentences: int) -> None:
 
     keep_large_blocks_in_the_heap()
     torch.set_num_threads(threads)
-    data = prepare_data(to_dataclass(DataConfig, OmegaConf.load(ROOT / "configs/data/tatoeba.yaml")))
+    data = prepare_data(to_dataclass(DataConfig, load_preset(DataConfig, ROOT / "configs/data/tatoeba.yaml")))
     tok = data.tokenizer
-    cfg = to_dataclass(ModelConfig, OmegaConf.load(ROOT / "configs/model/small.yaml"))
+    cfg = to_dataclass(ModelConfig, load_preset(ModelConfig, ROOT / "configs/model/small.yaml"))
     cfg = dataclasses.replace(cfg, vocab_size=tok.vocab_size, attn_dropout=0.0, ffn_dropout=0.0)
     train = data.train.select_columns(["src_ids", "tgt_ids"])
     sampler = TokenBatchSampler(*token_lengths(train), max_tokens=4096, seed=1)

@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.config import DataConfig, ModelConfig, OptimConfig, to_dataclass
+from transformer.config import DataConfig, ModelConfig, OptimConfig, load_preset, to_dataclass
 from transformer.data.batching import Batch, TokenBatchSampler, collate, token_lengths
 from transformer.data.pipeline import prepare_data
 from transformer.device import (
@@ -198,7 +198,7 @@ def matmul_tflops(precision: str, device: torch.device, n: int = 4096, reps: int
 def load_batches(name: str, overrides: list[str], max_tokens: int, steps: int, device: torch.device):
     """(data, the first `steps` batches of epoch 0 on `device`) of configs/data/<name>.yaml;
     `overrides` (KEY=VALUE) apply where the data config has the key (corpora.* to a mix)."""
-    data_yaml = OmegaConf.load(CONFIGS / "data" / f"{name}.yaml")
+    data_yaml = load_preset(DataConfig, CONFIGS / "data" / f"{name}.yaml")
     mine = [o for o in overrides if OmegaConf.select(data_yaml, o.split("=", 1)[0]) is not None]
     data = prepare_data(to_dataclass(DataConfig, OmegaConf.merge(data_yaml, OmegaConf.from_dotlist(mine))))
     tok = data.tokenizer
@@ -252,7 +252,7 @@ def main() -> None:
     for name in args.data:
         data, batches = load_batches(name, args.set, args.max_tokens, args.steps, device)
         tok = data.tokenizer
-        model_yaml = OmegaConf.merge(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"),
+        model_yaml = OmegaConf.merge(load_preset(ModelConfig, CONFIGS / "model" / f"{args.model}.yaml"),
                                      OmegaConf.from_dotlist(args.model_set))
         model_cfg = dataclasses.replace(to_dataclass(ModelConfig, model_yaml),
                                         vocab_size=tok.vocab_size, pad_id=tok.pad_id)

@@ -144,8 +144,9 @@ def trial_overrides(row: dict, experiment: str, extra: list[str]) -> list[str]:
     `extra`."""
     from hydra import compose, initialize_config_dir
 
-    from transformer.commands.cli import CONFIG_PATH
+    from transformer.commands.cli import CONFIG_PATH, register_configs
 
+    register_configs()  # the groups' dataclass schemas, as mt-train composes them
     with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
         base = _flat(OmegaConf.to_container(compose("train", overrides=[f"experiment={experiment}"]), resolve=True))
     trial = _flat(OmegaConf.to_container(row["config"], resolve=True))

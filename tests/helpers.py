@@ -13,15 +13,25 @@ from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoint import save_checkpoint
+from transformer.commands import cli
+from transformer.commands.evaluate import EvaluateConfig
+from transformer.commands.masks import MasksConfig
+from transformer.commands.prepare import PrepareConfig
 from transformer.commands.train import train
+from transformer.commands.translate import TranslateConfig
 from transformer.config import ModelConfig, TrainConfig, to_dataclass
 from transformer.data.corpus import read_lines
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.deploy.ct2_export import ExportConfig
 from transformer.model.transformer import Transformer, build_model
 from transformer.paths import CONFIG_DIR, PROJECT_ROOT
 from transformer.training.trainer import Trainer
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
+
+# Hydra config -> the dataclass its command fills (`cli.hydra_entry(prog, main, schema)`)
+COMMAND_SCHEMAS = {"train": TrainConfig, "translate": TranslateConfig, "evaluate": EvaluateConfig,
+                   "prepare": PrepareConfig, "masks": MasksConfig, "export": ExportConfig}
 
 # The debug preset on the shipped sample corpus: a tiny model, 20 CPU steps, no bar.
 DEBUG = ["debug=default", "data=sample", "trainer.progress=false", "trainer.num_threads=1"]
@@ -34,9 +44,13 @@ def shared_cache() -> Path:
     return Path(os.environ["MT_TEST_DATA_CACHE"])
 
 
-def compose_cfg(*overrides: str, config: str = "train") -> DictConfig:
+def compose_cfg(*overrides: str, config: str = "train", return_hydra_config: bool = False) -> DictConfig:
+    """`config` composed as the `mt-*` commands compose it: against the groups' dataclass
+    schemas that `cli.register_configs` stores (as importing cli does for the commands)."""
+    cli.register_configs()
+    cli.register_command(config, COMMAND_SCHEMAS[config])  # as cli.hydra_entry does
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config, overrides=list(overrides))
+        return compose(config, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 def run(run_dir: Path, *overrides: str) -> Trainer:

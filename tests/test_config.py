@@ -2,31 +2,43 @@
 
 from __future__ import annotations
 
-import pytest
-from hydra import compose, initialize_config_dir
+import ast
+import dataclasses
+import inspect
+import io
+import re
+import tokenize
+from pathlib import Path
 
+import pytest
+from omegaconf import OmegaConf
+
+from transformer.commands import cli
+from transformer.commands.translate import InputConfig
 from transformer.config import (
     ConfigError,
     DataConfig,
     DecodeConfig,
     ModelConfig,
+    PhaseConfig,
     TrainConfig,
+    load_preset,
     to_dataclass,
 )
 from transformer.paths import CONFIG_DIR
 
+from helpers import COMMAND_SCHEMAS, compose_cfg
+
 
 def train_config(*overrides: str) -> TrainConfig:
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return to_dataclass(TrainConfig, compose("train", overrides=list(overrides)))
+    return to_dataclass(TrainConfig, compose_cfg(*overrides))
 
 
 def test_the_defaults_and_every_group_file_are_valid():
     TrainConfig().validate()
     for group in ("model", "data", "optim", "trainer", "decode"):
         for f in sorted((CONFIG_DIR / group).glob("*.yaml")):
-            if f.stem != "files":  # its train_src is required (???)
-                train_config(f"{group}={f.stem}")
+            train_config(f"{group}={f.stem}")  # data=files: train_src is checked when it is read
 
 
 # (override, what the one-line message must say): each of these used to crash deep inside
@@ -130,3 +142,135 @@ def test_model_config_checks_its_special_ids():
         ModelConfig(vocab_size=8, eos_id=9).validate()
     with pytest.raises(ConfigError, match="three different ids"):
         ModelConfig(vocab_size=8, bos_id=3, eos_id=3).validate()
+
+
+# --- Defaults in one place ------------------------------------------------------------
+# Every setting's default and help text live in its dataclass (transformer/config.py).
+# `cli.register_configs` stores each group's dataclass as the config `schema/<group>`, each
+# preset in configs/<group>/ starts from it and holds only what it changes: a default
+# restated in a YAML could drift from the dataclass's, and these tests refuse one.
+
+PRESETS = [(group, path) for group in cli.SCHEMAS for path in sorted((CONFIG_DIR / group).glob("*.yaml"))]
+PRESET_IDS = [f"{group}/{path.stem}" for group, path in PRESETS]
+# (group, key) -> why its presets set it even where the value is the dataclass's default
+PINNED = {("data", "name"): "a data preset names the corpus it loads, whatever DataConfig's default is"}
+
+
+def defaults_of(schema: type) -> dict:
+    """The dataclass's defaults as a composed config holds them (tuples are lists)."""
+    return OmegaConf.to_container(OmegaConf.structured(schema))
+
+
+def preset(path: Path) -> tuple[list, dict]:
+    """A preset's defaults list and the settings it holds itself (read as Hydra reads YAML)."""
+    settings = OmegaConf.to_container(OmegaConf.load(path))
+    return settings.pop("defaults", []), settings
+
+
+def test_every_group_has_its_dataclass_as_schema_and_presets():
+    assert set(cli.SCHEMAS) == {"model", "data", "optim", "trainer", "decode"}
+    assert {f.name for f in dataclasses.fields(TrainConfig)} == set(cli.SCHEMAS)
+    for f in dataclasses.fields(TrainConfig):
+        assert f.type == cli.SCHEMAS[f.name].__name__, f.name
+    assert len(PRESETS) >= 15
+
+
+@pytest.mark.parametrize(("group", "path"), PRESETS, ids=PRESET_IDS)
+def test_a_preset_starts_from_its_dataclass_and_composes_to_its_defaults(group, path):
+    """(1) The preset's defaults list starts from the schema; composed, the preset is the
+    dataclass's defaults for every key it does not set, its own values for those it does,
+    and nothing else."""
+    defaults, settings = preset(path)
+    assert defaults and defaults[0] == f"/schema/{group}@_here_", f"{path}: start from the schema"
+    assert defaults[-1] == "_self_", f"{path}: the preset's own settings go over the schema's"
+    composed = OmegaConf.to_container(compose_cfg(f"{group}={path.stem}")[group], throw_on_missing=False)
+    expected = defaults_of(cli.SCHEMAS[group])
+    assert set(composed) == set(expected), f"{path}: keys other than {cli.SCHEMAS[group].__name__}'s"
+    assert {k: v for k, v in composed.items() if k not in settings} == \
+        {k: v for k, v in expected.items() if k not in settings}
+    assert {k: composed[k] for k in settings} == settings
+
+
+@pytest.mark.parametrize(("group", "path"), PRESETS, ids=PRESET_IDS)
+def test_a_preset_holds_only_what_it_changes(group, path):
+    """(2) No preset sets a key to the dataclass's default (unless PINNED, with its reason):
+    a default restated here could drift from the dataclass's."""
+    _, settings = preset(path)
+    defaults = defaults_of(cli.SCHEMAS[group])
+    restated = [key for key, value in settings.items() if value == defaults.get(key, object())
+                and (group, key) not in PINNED]
+    assert not restated, f"{path} restates the defaults of {restated}: delete them"
+
+
+def test_every_pinned_key_is_still_pinned_somewhere():
+    for group, key in PINNED:
+        assert any(key in preset(path)[1] for g, path in PRESETS if g == group), (group, key)
+
+
+def documented_fields(schema: type) -> dict[str, str]:
+    """Each field of a dataclass in transformer/config.py -> its help: the comment at the
+    end of its line, or the comment lines right above it."""
+    source = Path(inspect.getsourcefile(schema)).read_text()
+    comments = {tok.start[0]: tok.string.lstrip("# ") for tok in
+                tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    cls = next(node for node in ast.walk(ast.parse(source))
+               if isinstance(node, ast.ClassDef) and node.name == schema.__name__)
+    helps = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign):
+            above, n = [], node.lineno - 1
+            while n in comments and lines[n - 1].lstrip().startswith("#"):
+                above.insert(0, comments[n])
+                n -= 1
+            helps[node.target.id] = " ".join([*above, comments.get(node.lineno, "")]).strip()
+    return helps
+
+
+@pytest.mark.parametrize("schema", [*cli.SCHEMAS.values(), PhaseConfig, *COMMAND_SCHEMAS.values(), InputConfig],
+                         ids=lambda s: s.__name__)
+def test_every_setting_has_its_help_text_in_its_dataclass(schema):
+    """(3) The help text of a setting is written once, beside its default."""
+    helps = documented_fields(schema)
+    assert set(helps) == {f.name for f in dataclasses.fields(schema)}
+    assert not [name for name, help in helps.items() if not help], f"{schema.__name__}: undocumented"
+
+
+def _phrases(text: str, n: int = 4) -> set[tuple[str, ...]]:
+    words = re.findall(r"[\w.|*/+-]+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+@pytest.mark.parametrize(("group", "path"), PRESETS, ids=PRESET_IDS)
+def test_a_preset_does_not_repeat_the_help_text(group, path):
+    """(3) A comment on a preset's setting says why the preset chooses its value; what the
+    setting means is the dataclass's help, and four of its words in a row repeated here
+    are refused."""
+    helps = documented_fields(cli.SCHEMAS[group])
+    for line in path.read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in helps and "#" in rest:
+            comment = rest.split("#", 1)[1]
+            repeated = _phrases(comment) & _phrases(helps[key])
+            assert not repeated, f"{path}: {key}'s comment repeats its help text: {sorted(repeated)[0]}"
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_SCHEMAS))
+def test_a_commands_config_starts_from_its_dataclass_and_restates_nothing(command):
+    """configs/<command>.yaml: the command's dataclass first (`cli.hydra_entry` registers
+    it), then its groups; of its own settings only Hydra's, none of the dataclass's."""
+    defaults, settings = preset(CONFIG_DIR / f"{command}.yaml")
+    assert defaults[0] == f"/schema/{command}@_here_"
+    assert set(settings) <= {"hydra"}, f"{command}.yaml restates {sorted(set(settings) - {'hydra'})}"
+    composed = compose_cfg(*(["checkpoint=x"] if command in ("translate", "evaluate", "export") else []),
+                           config=command)
+    assert OmegaConf.get_type(composed) is COMMAND_SCHEMAS[command]
+
+
+@pytest.mark.parametrize(("group", "path"), PRESETS, ids=PRESET_IDS)
+def test_a_script_reads_a_preset_as_hydra_composes_it(group, path):
+    """`load_preset` (the benchmarks read configs/model/small.yaml without Hydra) gives the
+    dataclass that composing `<group>=<preset>` gives."""
+    schema = cli.SCHEMAS[group]
+    assert to_dataclass(schema, load_preset(schema, path)) == \
+        to_dataclass(schema, compose_cfg(f"{group}={path.stem}")[group])

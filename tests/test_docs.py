@@ -10,7 +10,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from transformer.commands.average import parse_args
 from transformer.commands.evaluate import EvaluateConfig
@@ -21,6 +20,8 @@ from transformer.commands.translate import TranslateConfig
 from transformer.config import TrainConfig, to_dataclass
 from transformer.deploy.ct2_export import ExportConfig
 from transformer.paths import CONFIG_DIR, PROJECT_ROOT
+
+from helpers import compose_cfg
 
 PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "data" / "README.md",
          *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]
@@ -143,9 +144,7 @@ def test_every_documented_command_composes(page, prog, args):
     if multirun:
         overrides = [_first_of_sweep(o) for o in overrides]
     overrides = rewrite(overrides, schema)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(name, overrides=overrides)
-    to_dataclass(schema, cfg)
+    to_dataclass(schema, compose_cfg(*overrides, config=name))
 
 
 def test_the_readmes_links_into_the_repository_exist():

@@ -1,8 +1,10 @@
 """Typed settings, one dataclass per Hydra config group, with their valid ranges.
 
-`configs/<group>/*.yaml` mirror these dataclasses one-to-one. Hydra composes them only
-at the entry points (`train.py`, `translate.py`, `evaluate.py`); everything else
-receives these plain objects, so a test or a notebook can write `ModelConfig(...)`.
+Each setting's default and help text live here, once. `configs/<group>/*.yaml` mirror these
+dataclasses one-to-one: the entry points (`transformer/commands/cli.py`) register each
+dataclass with Hydra as its group's schema, and a preset holds only what it changes.
+Hydra composes them only at the entry points; everything else receives these plain
+objects, so a test or a notebook can write `ModelConfig(...)`.
 `to_dataclass` checks types (OmegaConf) and ranges (each class's `validate`), so a bad
 setting is refused, naming its key, before any work starts.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -54,21 +57,21 @@ def _fraction(key: str, value: float) -> None:
 class ModelConfig:
     """The Transformer of Vaswani et al. (2017); defaults are the paper's base model."""
 
-    vocab_size: int = 8000
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int = 2048
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
+    vocab_size: int = 8000  # set from the tokenizer at training time
+    d_model: int = 512  # width of embeddings and every sublayer's output
+    n_heads: int = 8  # attention heads (must divide d_model)
+    d_ff: int = 2048  # inner width of each position-wise feed-forward network
+    n_encoder_layers: int = 6  # encoder layers (N in the paper)
+    n_decoder_layers: int = 6  # decoder layers
     dropout: float = 0.1  # on each sublayer's output before the residual add, and on embeddings+positions
     attn_dropout: float = 0.1  # on the attention weights
     ffn_dropout: float = 0.1  # on the FFN's inner ReLU activations (fairseq's activation_dropout)
     max_positions: int = 1024  # rows of the sinusoidal table: the longest sequence, BOS/EOS included
     pre_norm: bool = False  # the paper is post-norm: LayerNorm(x + Sublayer(x))
     tie_embeddings: bool = True  # the paper's three-way tying: src emb = tgt emb = output proj
-    pad_id: int = 0
-    bos_id: int = 2
-    eos_id: int = 3
+    pad_id: int = 0  # special token ids: set from the tokenizer at training time
+    bos_id: int = 2  # begins each decoder input
+    eos_id: int = 3  # end of sequence: ends each target, and decoding
 
     def validate(self, prefix: str = "model") -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
@@ -123,18 +126,18 @@ class DataConfig:
     epoch_pairs: int | None = None
     # The project's folders, root and cache_dir, resolve against the project root; the
     # user's files (train_src ... hub_local_dir) against the working directory.
-    root: str = "../shared/data"
-    src_lang: str = "it"
-    tgt_lang: str = "en"
+    root: str = "../shared/data"  # the shared corpora; eval sets live in {root}/eval
+    src_lang: str = "it"  # source language code (the side translated from)
+    tgt_lang: str = "en"  # target language code
     # data=files: plain-text pair (train_src/train_tgt), or one TSV / JSONL in train_src
     train_src: str | None = None
-    train_tgt: str | None = None
-    dev_src: str | None = None
-    dev_tgt: str | None = None
+    train_tgt: str | None = None  # the target side of a plain-text pair; null: train_src is TSV / JSONL
+    dev_src: str | None = None  # dev set, as train_src; null: the last 2% of train (at most 2,000 pairs)
+    dev_tgt: str | None = None  # its target side (a plain-text pair)
     # data=iwslt2017 / opus100: hub id, config and revision (or a local parquet folder)
     hub_id: str | None = None
-    hub_config: str | None = None
-    hub_revision: str | None = None
+    hub_config: str | None = None  # the dataset's configuration (language pair) on the hub
+    hub_revision: str | None = None  # a branch, tag or commit of the hub's dataset
     hub_local_dir: str | None = None  # parquet files laid out as on the hub (tests, mirrors)
     # cleaning
     max_len: int = 128  # tokens per side after SentencePiece; longer pairs are dropped
@@ -147,8 +150,8 @@ class DataConfig:
     tokenizer: str | None = None
     spm_vocab_size: int = 8000  # pieces of the joint SentencePiece vocabulary
     spm_model_type: str = "unigram"  # unigram | bpe
-    spm_character_coverage: float = 1.0
-    spm_input_sentence_size: int = 1_000_000
+    spm_character_coverage: float = 1.0  # SentencePiece character_coverage: 1.0 keeps every character
+    spm_input_sentence_size: int = 1_000_000  # at most this many sentences (a seeded sample) train the vocabulary
     # batching
     max_tokens: int = 4096  # padded tokens per batch and side (fairseq --max-tokens)
     bucket_chunk: int = 100  # batches' worth of examples sorted together before shuffling
@@ -213,11 +216,11 @@ class OptimConfig:
     """Adam with the paper's inverse-square-root warm-up schedule."""
 
     lr: float = 7e-4  # peak learning rate, reached at the end of warm-up
-    warmup_steps: int = 4000
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
+    warmup_steps: int = 4000  # linear warm-up, then the inverse square root of the step
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam's beta1, beta2 (the paper's)
+    eps: float = 1e-9  # Adam's epsilon (the paper's)
+    weight_decay: float = 0.0  # decoupled (AdamW) weight decay
+    label_smoothing: float = 0.1  # epsilon_ls of the paper's label smoothing
     clip_norm: float = 1.0  # 0 disables clipping
     fused: bool = True  # fused AdamW kernel (CUDA and CPU); false: PyTorch's per-tensor loop
 
@@ -237,15 +240,17 @@ class TrainerConfig:
     """The training loop: length, precision, validation, checkpoints, logging."""
 
     max_steps: int = 100_000  # optimizer updates
-    max_epochs: int | None = None
-    max_hours: float | None = None  # stop after this much training time (fairseq --stop-time-hours)
+    max_epochs: int | None = None  # stop after this many epochs too; null: no limit
+    # stop after this much training time, validation and checkpoints not counted
+    # (fairseq --stop-time-hours); null: no limit
+    max_hours: float | None = None
     accum_steps: int = 1  # gradient accumulation
     # auto: bf16 on a GPU that has it (else fp16 with loss scaling), bf16 on a CPU with
     # native bf16 (AVX512-BF16, AMX), else fp32 | fp32 | bf16 | fp16 (CUDA only)
     precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     compile: bool = False  # torch.compile the model
-    seed: int = 1
+    seed: int = 1  # random seed: initial weights, batch order, dropout
     # Where checkpoints, logs and config.yaml go. mt-train makes it Hydra's output directory
     # (configs/train.yaml: hydra.run.dir follows it; a sweep gives each job a subdirectory).
     run_dir: str = "runs/default"
@@ -253,15 +258,15 @@ class TrainerConfig:
     # Fine-tuning: a new run starting from this checkpoint's weights, model config and
     # tokenizer, with a fresh optimizer and schedule (transformer/training/finetune.py)
     init_from: str | None = None
-    log_every: int = 50
-    val_every: int = 1000
+    log_every: int = 50  # updates between training log lines
+    val_every: int = 1000  # updates between validations (dev loss and BLEU, best checkpoint)
     val_bleu_sentences: int | None = 500  # dev sentences (evenly spaced; null: all) decoded greedily at each validation
-    val_max_tokens: int = 6000
+    val_max_tokens: int = 6000  # padded tokens per dev-set batch at validation
     keep_last: int = 3  # step checkpoints kept (0: all)
     patience: int | None = None  # validations without a better dev BLEU before stopping
     save_every: int | None = None  # default: at every validation
     num_threads: int | None = None  # torch.set_num_threads on CPU
-    progress: bool = True
+    progress: bool = True  # progress bar on stderr
     # Skipped updates (inf/NaN loss or gradients) in a row before the run stops as diverged
     # (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept.
     diverge_after: int = 5
@@ -294,13 +299,17 @@ class DecodeConfig:
     """Search settings for translate, evaluate and validation."""
 
     method: str = "beam"  # greedy | beam
-    beam_size: int = 5
-    lenpen: float = 0.6  # GNMT length penalty alpha: ((5 + |y|) / 6) ** alpha
-    nbest: int = 1
-    max_len_a: float = 1.2  # hypotheses stop at a * |x| + b tokens
-    max_len_b: int = 10
-    min_len: int = 1
-    max_tokens: int | None = None  # source tokens per decoding batch; None: 8000 on CUDA, 2000 on CPU
+    beam_size: int = 5  # hypotheses kept at each step (method=beam only)
+    # GNMT length penalty alpha: score = sum log p / ((5 + |y|) / 6) ** alpha; for greedy
+    # search it only rescales the reported score
+    lenpen: float = 0.6
+    nbest: int = 1  # hypotheses per sentence (<= beam_size; greedy gives one)
+    max_len_a: float = 1.2  # hypotheses stop at a * |x| + b tokens (|x| = source tokens)
+    max_len_b: int = 10  # b of that limit
+    min_len: int = 1  # EOS is forbidden before this many tokens
+    # source tokens per decoding batch (a beam batch holds beam_size times more rows);
+    # null: 8000 on CUDA, 2000 on CPU
+    max_tokens: int | None = None
     # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
     # fp32 | fp32 | bf16 | fp16 (CUDA only)
     precision: str = "auto"
@@ -333,10 +342,13 @@ class DecodeConfig:
 
 @dataclass
 class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """A training run: `configs/train.yaml` composes one preset of each group."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)  # the model group
+    data: DataConfig = field(default_factory=DataConfig)  # the data group
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the optim group
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the trainer group
+    # the decode group: validation's search (greedy in configs/train.yaml)
     decode: DecodeConfig = field(default_factory=lambda: DecodeConfig(method="greedy"))
 
     def validate(self) -> None:
@@ -346,6 +358,11 @@ class TrainConfig:
         _require(self.model.max_positions > self.data.max_len, "model.max_positions",
                  self.model.max_positions, f"must exceed data.max_len={self.data.max_len} (a pair "
                  "plus its BOS/EOS)")
+
+
+# config group -> the dataclass its presets start from (`configs/<group>/*.yaml`)
+GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+                           "trainer": TrainerConfig, "decode": DecodeConfig}
 
 
 def _check_device(key: str, device: str) -> None:
@@ -372,13 +389,25 @@ def _check_finite(value: Any, key: str = "") -> None:
             _check_finite(v, f"{key}[{i}]")
 
 
+def load_preset(schema: type, path: str | Path) -> DictConfig:
+    """A group's preset (`configs/<group>/<name>.yaml`) read without Hydra, for scripts: the
+    dataclass's defaults with what the preset changes (its defaults list, which names the
+    schema, dropped). Every key is there, so a script may override any of them."""
+    preset = OmegaConf.load(path)
+    preset.pop("defaults", None)
+    return OmegaConf.merge(OmegaConf.structured(schema), preset)
+
+
 def to_dataclass(schema: type[T], cfg: DictConfig | dict[str, Any]) -> T:
     """Check a composed config against its dataclass and return the typed object.
 
     Unknown keys and values of the wrong type raise an OmegaConf error that names the key;
     values out of range a `ConfigError` that names it (the class's `validate`).
     """
-    merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
+    # As plain data: a composed group is typed by its dataclass schema already, and merging
+    # it as such would let through a key a `+` override added to it (`+optim.lrr=1`).
+    plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
+    merged = OmegaConf.merge(OmegaConf.structured(schema), plain)
     obj = OmegaConf.to_object(merged)
     _check_finite(obj)
     if hasattr(obj, "validate"):

@@ -4,14 +4,17 @@ setting is that text. Each is composed with the real configs, as the commands do
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from transformer.commands import prepare
 from transformer.commands.evaluate import EvaluateConfig
 from transformer.commands.overrides import rewrite
-from transformer.config import TrainConfig, to_dataclass
+from transformer.commands.train import fill_reset_settings
+from transformer.config import ModelConfig, TrainConfig, to_dataclass
 
 from helpers import compose_cfg, shared_cache
 
@@ -41,7 +44,18 @@ def test_deleting_a_setting_gives_its_default_even_when_it_is_null():
     assert composed(TrainConfig, "~trainer.max_hours").trainer.max_hours is None
     assert composed(TrainConfig, "trainer.max_hours=2", "~trainer.max_hours").trainer.max_hours is None
     assert composed(TrainConfig, "trainer.max_steps=7", "~trainer.max_steps").trainer.max_steps == 100_000
-    assert rewrite(["~model"], TrainConfig) == ["~model"]  # a group: Hydra's own deletion
+    assert rewrite(["~model"], TrainConfig) == ["~model"]  # a group: Hydra drops it, the schema stays
+    assert composed(TrainConfig, "model=tiny", "~model").model == ModelConfig()
+
+
+def test_a_setting_reset_on_the_command_line_is_saved_as_its_default():
+    """A deleted list or dict setting composes as missing ('???': a setting of a group's
+    dataclass schema cannot be deleted); the saved config holds its default."""
+    assert rewrite(["~optim.betas", "~data.phases"], TrainConfig) == ["optim.betas='???'", "data.phases='???'"]
+    cfg = compose_cfg(*rewrite(["optim.betas=[0.5,0.6]", "~optim.betas", "~data.phases"], TrainConfig))
+    assert OmegaConf.is_missing(cfg.optim, "betas")
+    fill_reset_settings(cfg, dataclasses.asdict(to_dataclass(TrainConfig, cfg)))
+    assert OmegaConf.to_container(cfg.optim)["betas"] == [0.9, 0.98] and cfg.data.phases == []
 
 
 def test_a_comma_in_a_text_setting_is_text_and_sweeps_stay_sweeps():

@@ -13,16 +13,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from transformer.commands.cli import _dirname
+from transformer.commands.overrides import rewrite
 from transformer.commands.sweep import DIVERGED_SCORE, ResumeStudy, trial_score
 from transformer.config import TrainConfig, to_dataclass
 from transformer.paths import CONFIG_DIR, PROJECT_ROOT
 from transformer.training.nan_guard import TrainingDiverged
 
-from helpers import shared_cache
+from helpers import compose_cfg, shared_cache
 
 STUDIES = sorted(p.stem for p in (CONFIG_DIR / "hparams_search").glob("*.yaml"))
 
@@ -48,14 +48,27 @@ def test_long_job_names_keep_their_difference():
     assert _dirname(a)[:187] == a[:187] and _dirname("data.root=/x/y") == "data.root=_x_y"
 
 
+def test_a_jobs_directory_is_named_after_the_overrides_as_typed():
+    """`overrides.rewrite` makes `~optim.betas` and a replaced mix `key='???'` (a typed
+    group cannot lose a key); the job's directory keeps the name the typed override gave
+    it before, so an old sweep resumes into its directories."""
+    typed = ["data=europarl_tatoeba", "data.corpora={europarl: 2, tatoeba: 1}", "optim.lr=0.001"]
+    cfg = compose_cfg(*rewrite(typed, TrainConfig), return_hydra_config=True)
+    assert cfg.data.corpora == {"europarl": 2.0, "tatoeba": 1.0}
+    before = ["data=europarl_tatoeba", "~data.corpora", "++data.corpora={europarl: 2, tatoeba: 1}",
+              "optim.lr=0.001"]  # what rewrite made of them when a mix could be deleted
+    assert _dirname(cfg.hydra.job.override_dirname) == ",".join(sorted(before))
+    cfg = compose_cfg(*rewrite(["model.d_model=128", "~optim.betas", "~data.phases"], TrainConfig),
+                      return_hydra_config=True)
+    assert _dirname(cfg.hydra.job.override_dirname) == "model.d_model=128,~data.phases,~optim.betas"
+
+
 optuna = pytest.importorskip("optuna", reason="the tune extra: pip install -e '.[tune]'")
 _impl = pytest.importorskip("hydra_plugins.hydra_optuna_sweeper._impl")
 
 
 def study_config(name: str, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("train", overrides=[f"hparams_search={name}", *overrides],
-                       return_hydra_config=True)
+    return compose_cfg(f"hparams_search={name}", *overrides, return_hydra_config=True)
 
 
 def search_space(name: str) -> dict:

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 from safetensors.torch import load_file
@@ -302,11 +303,16 @@ def test_command_line_overrides_reach_the_dataclasses():
 def test_unknown_keys_and_wrong_types_fail_before_anything_runs():
     with pytest.raises(Exception, match="lrr"):
         compose_cfg("optim.lrr=1")
-    with pytest.raises(ValidationError, match="max_steps"):
-        to_dataclass(TrainConfig, compose_cfg("trainer.max_steps=many"))
+    with pytest.raises(ConfigCompositionException, match="max_steps") as info:  # the groups are typed
+        compose_cfg("trainer.max_steps=many")
+    assert isinstance(info.value.__cause__, ValidationError)
     bad = OmegaConf.to_container(compose_cfg())  # e.g. a typo in a model yaml
     bad["model"]["d_modle"] = 3
     with pytest.raises(ConfigKeyError, match="d_modle"):
+        to_dataclass(TrainConfig, bad)
+    bad = OmegaConf.to_container(compose_cfg())
+    bad["trainer"]["max_steps"] = "many"
+    with pytest.raises(ValidationError, match="max_steps"):
         to_dataclass(TrainConfig, bad)
 
 

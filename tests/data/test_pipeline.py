@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from huggingface_hub.utils import parse_hf_uri
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from transformer.commands.prepare import format_statistics
@@ -41,6 +40,8 @@ from transformer.data.corpus import (
 from transformer.data.pipeline import load_test_set, prepare_data
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.paths import PROJECT_ROOT
+
+from helpers import compose_cfg
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 
@@ -633,8 +634,7 @@ def test_prepared_data_through_a_dataloader(tmp_path) -> None:
 @pytest.mark.parametrize("name", ["tatoeba", "europarl", "europarl_tatoeba", "iwslt2017", "opus100",
                                   "files", "sample"])
 def test_data_configs_compose_and_validate(name) -> None:
-    with initialize_config_dir(str(PROJECT_ROOT / "configs"), version_base="1.3"):
-        cfg = compose("prepare", overrides=[f"data={name}", "++data.train_src=x.tsv"])
+    cfg = compose_cfg(f"data={name}", "++data.train_src=x.tsv", config="prepare")
     data = to_dataclass(DataConfig, cfg.data)
     assert data.name == (name if name != "europarl_tatoeba" else "mix")
 

@@ -8,6 +8,14 @@ ends the command with one line, `prog: error: ...`, and exit status 1, before an
 starts where it can be known then; so does a usage error (mt-average's too). A traceback
 is for bugs (any exception that is not a `errors.UserError` or OmegaConf's): set
 `MT_TRACEBACK=1` to see one for a user error too.
+
+Every setting's default and help text live once, in the dataclasses (`transformer/config.py`
+and each command's config): `register_configs` stores each group's dataclass in Hydra's
+ConfigStore as `schema/<group>` (and `TrainConfig` as `schema/train`), and each
+`configs/<group>/*.yaml` starts from it and holds only what that preset changes. It runs
+when this module is imported, so every `mt-*` command composes against it; `hydra_entry`
+adds the command's own dataclass (`schema/translate`: `configs/translate.yaml` starts from
+it). Tests compose through `helpers.compose_cfg`, which registers the same.
 """
 
 from __future__ import annotations
@@ -15,17 +23,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from transformer.commands import overrides
-from transformer.config import to_dataclass
+from transformer.config import GROUPS, TrainConfig, to_dataclass
 from transformer.errors import UserError, file_error
 from transformer.paths import PROJECT_ROOT
 
@@ -45,22 +55,66 @@ def _dirname(text: str) -> str:
     """A string as one directory name: no path separators, at most 200 characters. A longer
     one (an Optuna trial sets a dozen keys) keeps its first 187 and a digest of the whole:
     cut short alone, two jobs that differ only further on would share a run directory."""
+    text = _as_typed(text)
     name = text.replace("/", "_").replace("\\", "_")
     if len(name) <= 200:
         return name
     return f"{name[:187]}~{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
+# A job's overrides, as Hydra joins them (sorted, comma-separated) for its directory name.
+_ITEM_START = re.compile(r",(?=[~+]*[A-Za-z_][\w.]*(?:=|,|$))")
+_MADE_MISSING = re.compile(r"([A-Za-z_][\w.]*)=" + re.escape(overrides.MISSING))
+
+
+def _as_typed(text: str) -> str:
+    """The overrides `overrides.rewrite` turned from `~key` into `key='???'` (a reset, or a
+    mix emptied) named as the user typed them, so that a sweep job's directory keeps the
+    name it had before the groups had dataclass schemas (an old sweep resumes into it)."""
+    items = _ITEM_START.split(text)
+    if not any(_MADE_MISSING.fullmatch(item) for item in items):
+        return text
+    typed = [f"~{m[1]}" if (m := _MADE_MISSING.fullmatch(item)) else item for item in items]
+    return ",".join(sorted(typed))
+
+
 # configs/train.yaml names each sweep job's directory after its overrides with this.
 OmegaConf.register_new_resolver("dirname", _dirname, replace=True)
+
+SCHEMAS = GROUPS  # config group -> the dataclass its presets start from
+
+
+def register_configs() -> None:
+    """Store each group's dataclass in Hydra's ConfigStore as the config `schema/<group>`,
+    and `TrainConfig` as `schema/train`.
+
+    A preset's defaults list starts with `/schema/<group>@_here_`: its keys, defaults and
+    types are the dataclass's, and the YAML sets only what the preset changes. The schemas
+    are a group of their own, not options of the groups, so `model=...` offers the same
+    presets as before. Idempotent: a second call stores the same nodes again.
+    """
+    for group, schema in SCHEMAS.items():
+        register_command(group, schema)
+    register_command("train", TrainConfig)
+
+
+def register_command(name: str, schema: type) -> None:
+    """Store a command's dataclass as `schema/<name>`: `configs/<name>.yaml` starts from it."""
+    ConfigStore.instance().store(group="schema", name=name, node=schema)
+
+
+register_configs()
 
 
 def error_message(e: BaseException) -> str:
     """One line for a user error: OmegaConf's errors span several lines; name their key."""
+    cause = e.__cause__
+    if isinstance(e, HydraException) and isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
+        return error_message(cause)  # a value of the wrong type: named as `to_dataclass` names it
     if isinstance(e, HydraException):  # the command line itself: an unknown key, a bad group
         parts = [str(e), str(e.__cause__ or "")]
         lines = [line.strip() for part in parts for line in part.split("Config search path")[0].splitlines()]
-        return " ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=")))
+        return " ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=", "reference_type=")))
     if isinstance(e, OmegaConfBaseException):
         key = getattr(e, "full_key", None)
         msg = str(getattr(e, "msg", None) or e).strip().splitlines()[0]
@@ -89,10 +143,13 @@ def hydra_entry(prog: str, hydra_main: Callable[[], object], schema: type | None
 
     Hydra prints such errors over several lines unless HYDRA_FULL_ERROR is set, in which
     case it raises them: set here, they are caught and shortened. A user who sets
-    HYDRA_FULL_ERROR or MT_TRACEBACK gets Hydra's traceback. With the command's `schema`,
-    the overrides Hydra would take otherwise than meant are rewritten first
+    HYDRA_FULL_ERROR or MT_TRACEBACK gets Hydra's traceback. The command's `schema` is
+    registered as `schema/<command>` (`configs/<command>.yaml` starts from it), and the
+    overrides Hydra would take otherwise than meant are rewritten first
     (`overrides.rewrite`: a mix replaced, a null setting deleted, a comma in a text).
     """
+    if schema is not None:  # configs/<command>.yaml starts from it
+        register_command(prog.removeprefix("mt-"), schema)
     argv = sys.argv
     sys.argv = [argv[0], *overrides.rewrite(argv[1:], schema)]
     try:

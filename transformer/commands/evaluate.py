@@ -51,16 +51,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvaluateConfig:
-    checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
-    test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | europarl-test | dev | test | src,ref
-    output_dir: str = "outputs/eval"  # relative to the current directory
-    force: bool = False  # replace files an earlier mt-evaluate wrote there
+    checkpoint: str | None = None  # required: a checkpoint directory, or an mt-export directory
+    test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | europarl-test | dev | test | src_path,ref_path
+    # relative to the current directory: {name}.{method}.hyp, {name}.ref, {name}.{method}.json
+    # (existing ones are refused)
+    output_dir: str = "outputs/eval"
+    force: bool = False  # replace those files if an earlier mt-evaluate wrote them (never a file it did not write)
     max_sentences: int | None = None  # score only the first N sentences (quick checks)
-    device: str = "auto"
-    threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
-    progress: bool = True
-    data: DataConfig = field(default_factory=DataConfig)  # where the test sets live
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # CPU threads; null: torch's default for a checkpoint, 2 for an export (2
+    # single-threaded CTranslate2 workers)
+    threads: int | None = None
+    progress: bool = True  # progress bar on stderr
+    # where test sets live ({data.root}/eval) and which corpus `dev`/`test` mean
+    data: DataConfig = field(default_factory=DataConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the search: the decode group
 
     def validate(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint,

@@ -54,18 +54,18 @@ MAX_WIDTH = 120  # wider side-by-side matrices are printed one under another
 
 @dataclass
 class MasksConfig:
-    sentences: list[str] = field(default_factory=list)  # Italian sentences (required)
-    translations: list[str] | None = None  # their English; null: the checkpoint translates (greedy)
-    checkpoint: str | None = None  # null: masks only, no attention weights
-    tokenizer: str = "auto"  # auto (the checkpoint's, else whitespace) | whitespace | data
-    output: str | None = "outputs/masks.png"  # the PNG; null: none
-    force: bool = False  # replace output if an earlier mt-masks wrote it
+    sentences: list[str] = field(default_factory=list)  # required: Italian sentences
+    translations: list[str] | None = None  # their English translations; null: the checkpoint's model translates (greedy)
+    checkpoint: str | None = None  # a checkpoint directory; null: batch and masks only, no attention weights
+    tokenizer: str = "auto"  # auto: the checkpoint's, else whitespace | whitespace | data (data group's SentencePiece)
+    output: str | None = "outputs/masks.png"  # the PNG (attention grid, or the masks without a checkpoint); null: none
+    force: bool = False  # replace output if an earlier mt-masks wrote it (an existing file is refused otherwise)
     sentence: int = 0  # the pair the picture and parts 4-5 show (from 0)
     attention: str = "decoder_self"  # part 4's attention: encoder_self | decoder_self | cross
     query: int = 1  # part 4's query row, a position of the padded batch (from 0)
     layer: int = -1  # the layer of the picture and parts 4-5 (-1: the last)
     head: int = 0  # the head of parts 4-5
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     data: DataConfig = field(default_factory=DataConfig)  # tokenizer=data: its vocabulary
 
     def validate(self) -> None:

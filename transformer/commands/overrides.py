@@ -3,12 +3,18 @@
 `cli.hydra_entry` passes the command line through `rewrite` before Hydra reads it:
 - `data.corpora={tatoeba: 1}` (or `+data.corpora=...`) replaces the mix: Hydra merges a
   dict into the one the config holds, so `europarl: 1` would stay. It becomes
-  `~data.corpora ++data.corpora={tatoeba: 1}`. `data.corpora.opus100=1` adds a corpus
+  `data.corpora='???' ++data.corpora={tatoeba: 1}`: emptied (a setting of a dataclass
+  schema cannot be deleted, but it can be made missing), then filled.
+  `data.corpora.opus100=1` adds a corpus
   to a mix without Hydra's `+` (`++data.corpora.opus100=1`): the corpora are a dict
   whose keys the user chooses, and `DataConfig.validate` names the ones it takes.
-- `~trainer.max_hours` deletes a setting, which Hydra refuses ("does not exist") when
-  its value is null: deleting a setting gives it its default, so it becomes
-  `trainer.max_hours=null` (the dataclass's default, whatever the value composed).
+- `~trainer.max_hours` deletes a setting: deleting a setting gives it its default, so it
+  becomes `trainer.max_hours=null` (the dataclass's default, whatever the value composed).
+  Hydra would refuse the deletion itself: the groups' schemas are dataclasses (their
+  settings cannot be deleted), and a null setting "does not exist" for it. A setting
+  whose default is a list, a dict or a dataclass (`~optim.betas`, `~data.phases`,
+  `~input`) becomes `optim.betas='???'`: missing, so `to_dataclass` fills in the default.
+  `~model` stays: Hydra drops the group, and the command's schema gives its defaults.
 - `test_set=src.it,ref.en`, a comma in a text setting of a single run, is that text:
   Hydra would call it ambiguous (a list? a sweep?); it is quoted for it.
 """
@@ -20,10 +26,14 @@ import types
 import typing
 from typing import Any
 
+from transformer.config import GROUPS
+
 # Hydra's own flags that take the next argument as their value.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                      "--package", "-p", "--cfg", "-c", "--experimental-rerun"}
 _MIX = "data.corpora"
+# A setting made missing (`key='???'`): the default, for `to_dataclass`; emptied, for a mix.
+MISSING = "'???'"
 
 
 def rewrite(argv: list[str], schema: type | None) -> list[str]:
@@ -43,16 +53,21 @@ def rewrite(argv: list[str], schema: type | None) -> list[str]:
 
 
 def _rewrite_one(arg: str, schema: type, multirun: bool) -> list[str]:
-    if arg.startswith("~") and "=" not in arg:
-        found = _field(schema, arg[1:])
+    if arg.startswith("~"):  # `~key`, or `~key=value` (deleted if it holds value)
+        key, eq, _ = arg[1:].partition("=")
+        found = _field(schema, key)
         literal = _literal(found[1]) if found else None
-        return [f"{arg[1:]}={literal}"] if literal is not None else [arg]
+        if found is None or key in GROUPS:
+            # not a setting of the schema (a mix's corpus): Hydra deletes it; a group
+            # (`~model`): Hydra drops it from the defaults list, and the schema's defaults stay
+            return [arg]
+        return [f"{key}={literal if literal is not None else MISSING}"]
     key, eq, value = arg.partition("=")
     if not eq or key.startswith("hydra."):
         return [arg]
     bare = key.lstrip("+")
     if bare == _MIX and _field(schema, _MIX):
-        return [f"~{_MIX}", f"++{_MIX}={value}"]
+        return [f"{_MIX}={MISSING}", f"++{_MIX}={value}"]
     if bare.startswith(f"{_MIX}.") and not key.startswith("+") and _field(schema, _MIX):
         return [f"++{arg}"]
     found = _field(schema, bare)

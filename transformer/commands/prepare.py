@@ -18,7 +18,7 @@ from transformer.data.pipeline import prepare_data
 
 @dataclass
 class PrepareConfig:
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the corpus: the data group
 
     def validate(self) -> None:
         self.data.validate("data")

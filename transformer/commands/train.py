@@ -166,8 +166,21 @@ def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
         explicit = {k: OmegaConf.select(hydra_cfg, f"model.{k}")
                     for k in finetune.command_line_model_keys(list(hydra.overrides.task))}
         model = finetune.model_from_parent(parent, explicit)
-        OmegaConf.update(hydra_cfg, "model", dataclasses.asdict(model), merge=False)
-    return to_dataclass(TrainConfig, hydra_cfg), OmegaConf.to_yaml(hydra_cfg, resolve=True)
+        OmegaConf.update(hydra_cfg, "model", model, merge=False)  # the typed node takes a ModelConfig
+    cfg = to_dataclass(TrainConfig, hydra_cfg)
+    fill_reset_settings(hydra_cfg, dataclasses.asdict(cfg))
+    return cfg, OmegaConf.to_yaml(hydra_cfg, resolve=True)
+
+
+def fill_reset_settings(node: DictConfig, values: dict[str, Any]) -> None:
+    """Settings reset on the command line (`~optim.betas` composes as missing, '???':
+    `overrides.rewrite`) take the values `to_dataclass` gave them, their defaults, so
+    that config.yaml holds values."""
+    for key in node:
+        if OmegaConf.is_missing(node, key):
+            node[key] = values[key]
+        elif isinstance(node[key], DictConfig) and isinstance(values.get(key), dict):
+            fill_reset_settings(node[key], values[key])
 
 
 def job(hydra_cfg: DictConfig) -> float:

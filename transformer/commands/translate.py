@@ -44,20 +44,26 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class InputConfig:
-    file: str | None = None  # read this file; neither file nor text: read stdin
+    # a UTF-8 file, one text per line (a sentence or a paragraph: decode.split_sentences);
+    # neither file nor text: read stdin
+    file: str | None = None
     text: str | None = None  # translate this string (one line per line of it)
 
 
 @dataclass
 class TranslateConfig:
-    checkpoint: str | None = None  # a checkpoint directory or an mt-export directory (required)
-    input: InputConfig = field(default_factory=InputConfig)
-    output: str | None = None  # write this file; null: stdout
-    force: bool = False  # replace output if an earlier mt-translate wrote it
+    # required: a checkpoint directory (model.safetensors, model.json, tokenizer.model), or
+    # an mt-export directory
+    checkpoint: str | None = None
+    input: InputConfig = field(default_factory=InputConfig)  # what to translate
+    output: str | None = None  # a file; null: stdout. An existing one is refused (outputs are never overwritten)
+    force: bool = False  # replace output if an earlier mt-translate wrote it (never a file it did not write)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int | None = None  # CPU threads; null: torch's default, 2 for an export
-    progress: bool = True  # tqdm bar on stderr when translating a file
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    # CPU threads; null: torch's default for a checkpoint, 2 for an export (2
+    # single-threaded CTranslate2 workers)
+    threads: int | None = None
+    progress: bool = True  # progress bar on stderr when translating a file
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the search: the decode group
 
     def validate(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint,

@@ -74,11 +74,15 @@ FORMATS = ("ct2", "argos")  # a CTranslate2 directory | an Argos Translate packa
 
 @dataclass
 class ExportConfig:
-    checkpoint: str | None = None  # a checkpoint directory (required)
-    output: str | None = None  # the directory to write (required)
-    quantization: str = "none"  # none (fp32) | int8 | int8_float32 | ... (QUANTIZATIONS)
-    force: bool = False  # replace an existing output that is an earlier export
-    format: str = "ct2"  # ct2 (a CTranslate2 directory) | argos (an .argosmodel file for LibreTranslate)
+    checkpoint: str | None = None  # required: a checkpoint directory (model.safetensors, model.json, tokenizer.model)
+    output: str | None = None  # required: the export directory to write (refused if it exists, unless force=true)
+    # none (fp32) | int8 | int8_float32 | int8_float16 | int8_bfloat16 | int16 | float16 |
+    # bfloat16 | float32 (QUANTIZATIONS)
+    quantization: str = "none"
+    force: bool = False  # replace an existing output, if it is an earlier export (or empty)
+    # ct2 (a CTranslate2 directory) | argos (an .argosmodel Argos Translate package, for
+    # LibreTranslate; needs .[argos])
+    format: str = "ct2"
 
     def validate(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
