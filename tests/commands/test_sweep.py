@@ -22,7 +22,7 @@ from transformer.config import TrainConfig, to_dataclass
 from transformer.paths import CONFIG_DIR, PROJECT_ROOT
 from transformer.training.nan_guard import TrainingDiverged
 
-from helpers import compose_cfg, shared_cache
+from helpers import DEBUG, compose_cfg, shared_cache
 
 STUDIES = sorted(p.stem for p in (CONFIG_DIR / "hparams_search").glob("*.yaml"))
 
@@ -55,12 +55,27 @@ def test_a_jobs_directory_is_named_after_the_overrides_as_typed():
     typed = ["data=europarl_tatoeba", "data.corpora={europarl: 2, tatoeba: 1}", "optim.lr=0.001"]
     cfg = compose_cfg(*rewrite(typed, TrainConfig), return_hydra_config=True)
     assert cfg.data.corpora == {"europarl": 2.0, "tatoeba": 1.0}
-    before = ["data=europarl_tatoeba", "~data.corpora", "++data.corpora={europarl: 2, tatoeba: 1}",
+    before = ["data=europarl_tatoeba", "~data.corpora=null", "++data.corpora={europarl: 2, tatoeba: 1}",
               "optim.lr=0.001"]  # what rewrite made of them when a mix could be deleted
     assert _dirname(cfg.hydra.job.override_dirname) == ",".join(sorted(before))
     cfg = compose_cfg(*rewrite(["model.d_model=128", "~optim.betas", "~data.phases"], TrainConfig),
                       return_hydra_config=True)
-    assert _dirname(cfg.hydra.job.override_dirname) == "model.d_model=128,~data.phases,~optim.betas"
+    assert _dirname(cfg.hydra.job.override_dirname) == "model.d_model=128,~data.phases=null,~optim.betas=null"
+
+
+def test_a_real_sweep_names_its_jobs_directory_as_the_flat_package_did(tmp_path):
+    """Hydra's sweeper writes a deletion `~key` as `~key=null`; the name below is the one
+    the flat package's `mt-train -m` (b005d97) gave this job, so a sweep started then
+    resumes into its directories. The job itself is refused (a mix needs data=mix), after
+    Hydra made its directory: no training is needed to see the name."""
+    proc = subprocess.run(
+        ["mt-train", "-m", *DEBUG, f"trainer.run_dir={tmp_path}", f"data.cache_dir={shared_cache()}",
+         "trainer.max_steps=2", "~optim.betas", "optim.lr=1e-3", "data.corpora={sample: 1}"],
+        capture_output=True, text=True, timeout=300)
+    assert "only for data.name=mix" in proc.stderr
+    jobs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert jobs == ["++data.corpora={sample:1},data=sample,debug=default,optim.lr=0.001,trainer.max_steps=2,"
+                    "~data.corpora=null,~optim.betas=null"]
 
 
 optuna = pytest.importorskip("optuna", reason="the tune extra: pip install -e '.[tune]'")

@@ -69,12 +69,13 @@ _MADE_MISSING = re.compile(r"([A-Za-z_][\w.]*)=" + re.escape(overrides.MISSING))
 
 def _as_typed(text: str) -> str:
     """The overrides `overrides.rewrite` turned from `~key` into `key='???'` (a reset, or a
-    mix emptied) named as the user typed them, so that a sweep job's directory keeps the
-    name it had before the groups had dataclass schemas (an old sweep resumes into it)."""
+    mix emptied) named as Hydra's sweeper named the typed deletion, `~key=null`, so that a
+    sweep job's directory keeps the name it had before the groups had dataclass schemas
+    (an old sweep resumes into it)."""
     items = _ITEM_START.split(text)
     if not any(_MADE_MISSING.fullmatch(item) for item in items):
         return text
-    typed = [f"~{m[1]}" if (m := _MADE_MISSING.fullmatch(item)) else item for item in items]
+    typed = [f"~{m[1]}=null" if (m := _MADE_MISSING.fullmatch(item)) else item for item in items]
     return ",".join(sorted(typed))
 
 
