@@ -9,7 +9,7 @@ sentences) with beam 5 and with greedy search, each three ways: our PyTorch sear
 fp32, CTranslate2 fp32, CTranslate2 int8. Everything else is DecodeConfig's defaults (GNMT
 lenpen 0.6, maximum length 1.2 |x| + 10, batches of 2,000 source tokens) and --threads CPU
 threads for both engines (torch.set_num_threads, CTranslate2's intra_threads). Each
-timed run is the whole test set through `decoding.translate_lines` (normalising,
+timed run is the whole test set through `decoding.text.translate_lines` (normalising,
 encoding, batching, searching, decoding), after a warm-up on its first 50 sentences.
 
 Prints the CPU, each model directory's size, then per run sentences/s, sacrebleu's

@@ -13,7 +13,7 @@ Three measurements, each for --seconds seconds or --max-requests requests:
    default limits), while one client posts one sentence at a time as in 1: the one-sentence
    requests' p50, p95 and worst latency, and what the long requests got (answers by status).
 3. With --checkpoint (a checkpoint or an mt-export directory): how fast `mt-translate`'s
-   code (`decoding.translate_lines`, --threads CPU threads) translates the same sentences
+   code (`decoding.text.translate_lines`, --threads CPU threads) translates the same sentences
    in one batched call, with Argos's beam (4) and with mt-translate's default (beam 5);
    for an export, also how many sentences the server's batching translates as each one
    alone would be (int8 rounding can differ where hypotheses nearly tie).
@@ -114,7 +114,7 @@ def load_line() -> str:
 
 
 def offline_speed(checkpoint: str, lines: list[str], threads: int) -> list[tuple[str, str, float]]:
-    """(search, engine, sentences/s) of `decoding.translate_lines` on `lines`, after a warm-up."""
+    """(search, engine, sentences/s) of `decoding.text.translate_lines` on `lines`, after a warm-up."""
     from transformer.decoding.text import load_for_inference, translate_lines
 
     model, tokenizer, device = load_for_inference(checkpoint, "cpu", threads=threads)

@@ -171,6 +171,17 @@ def test_the_architecture_picture_is_drawn_from_the_graph(tmp_path):
     assert (ROOT / "docs" / "architecture.png").is_file()
 
 
+def test_the_architecture_pages_figures_are_the_graphs():
+    """docs/architecture.md's "after" column (modules, imports, the longest chain) is what
+    the code has: a module added or an import cut without the page fails here."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line.split("|")[3] for line in page.splitlines()
+            if line.startswith("| ") and line.count("|") >= 4}
+    assert rows["modules"].strip().startswith(f"{len(GRAPH.modules)} ")
+    assert rows["imports between them"].strip() == str(len(GRAPH.edges))
+    assert rows["longest import chain"].strip().startswith(f"{len(longest_chain(GRAPH))} ")
+
+
 def test_the_dataflow_picture_names_only_modules_that_are_there(tmp_path):
     """scripts/plot_dataflow.py draws docs/dataflow.png, a sentence pair's way through the
     modules; a step naming a module that moved stops it in one line."""

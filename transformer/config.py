@@ -26,31 +26,31 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
 
 
-def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+def require(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r}: {rule}")
 
 
-def _positive(key: str, value: float | None, optional: bool = False, minimum: float = 1) -> None:
+def positive(key: str, value: float | None, optional: bool = False, minimum: float = 1) -> None:
     if value is None and optional:
         return
     rule = f"must be >= {minimum}" + (" (or null)" if optional else "")
-    _require(value is not None and value >= minimum, key, value, rule)
+    require(value is not None and value >= minimum, key, value, rule)
 
 
 def _at_most(key: str, value: float, bound: float) -> None:
-    _require(value <= bound, key, value, f"must be <= {bound} (transformer/bounds.py)")
+    require(value <= bound, key, value, f"must be <= {bound} (transformer/bounds.py)")
 
 
-def _at_most_workers(key: str, value: int | None) -> None:
+def at_most_workers(key: str, value: int | None) -> None:
     """Worker processes or threads: at most the CPU cores this process may use (at least 2)."""
     limit = worker_limit()
-    _require(value is None or value <= limit, key, value,
+    require(value is None or value <= limit, key, value,
              f"must be <= {limit}, the CPU cores this process may use (at least 2)")
 
 
 def _fraction(key: str, value: float) -> None:
-    _require(0.0 <= value < 1.0, key, value, "must be in [0, 1)")
+    require(0.0 <= value < 1.0, key, value, "must be in [0, 1)")
 
 
 @dataclass
@@ -76,18 +76,18 @@ class ModelConfig:
     def validate(self, prefix: str = "model") -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
                      "n_decoder_layers"):
-            _positive(f"{prefix}.{name}", getattr(self, name))
-        _require(self.d_model % self.n_heads == 0, f"{prefix}.n_heads", self.n_heads,
+            positive(f"{prefix}.{name}", getattr(self, name))
+        require(self.d_model % self.n_heads == 0, f"{prefix}.n_heads", self.n_heads,
                  f"must divide {prefix}.d_model={self.d_model}")
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
             _fraction(f"{prefix}.{name}", getattr(self, name))
-        _positive(f"{prefix}.max_positions", self.max_positions, minimum=2)
+        positive(f"{prefix}.max_positions", self.max_positions, minimum=2)
         _at_most(f"{prefix}.max_positions", self.max_positions, MAX_POSITIONS)
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in ids.items():
-            _require(0 <= value < self.vocab_size, f"{prefix}.{name}", value,
+            require(0 <= value < self.vocab_size, f"{prefix}.{name}", value,
                      f"must be a token id below {prefix}.vocab_size={self.vocab_size}")
-        _require(len(set(ids.values())) == 3, f"{prefix}.eos_id", self.eos_id,
+        require(len(set(ids.values())) == 3, f"{prefix}.eos_id", self.eos_id,
                  "pad_id, bos_id and eos_id must be three different ids")
 
 
@@ -160,36 +160,36 @@ class DataConfig:
 
     def validate(self, prefix: str = "data") -> None:
         names = (*CORPORA, "mix")
-        _require(self.name in names, f"{prefix}.name", self.name, f"choose one of {', '.join(names)}")
+        require(self.name in names, f"{prefix}.name", self.name, f"choose one of {', '.join(names)}")
         if self.name == "mix":
-            _require(bool(self.corpora), f"{prefix}.corpora", self.corpora,
+            require(bool(self.corpora), f"{prefix}.corpora", self.corpora,
                      "name=mix needs corpora to mix, e.g. {tatoeba: 1, europarl: 1}")
             mixable = tuple(c for c in CORPORA if c != "files")
             for corpus, weight in self.corpora.items():
-                _require(corpus in mixable, f"{prefix}.corpora", corpus,
+                require(corpus in mixable, f"{prefix}.corpora", corpus,
                          f"can mix the named corpora {', '.join(mixable)}")
-                _require(weight > 0, f"{prefix}.corpora.{corpus}", weight, "a weight must be > 0")
+                require(weight > 0, f"{prefix}.corpora.{corpus}", weight, "a weight must be > 0")
             self._validate_phases(prefix)
         else:
             mix_only = {"corpora": dict(self.corpora), "phases": [asdict(p) for p in self.phases],
                         "epoch_pairs": self.epoch_pairs}
             for name, value in mix_only.items():
-                _require(value in (None, {}, []), f"{prefix}.{name}", value, f"only for {prefix}.name=mix")
-        _positive(f"{prefix}.max_len", self.max_len)
+                require(value in (None, {}, []), f"{prefix}.{name}", value, f"only for {prefix}.name=mix")
+        positive(f"{prefix}.max_len", self.max_len)
         _at_most(f"{prefix}.max_len", self.max_len, MAX_POSITIONS)
-        _positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
-        _positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
-        _positive(f"{prefix}.spm_vocab_size", self.spm_vocab_size, minimum=5)  # 4 special pieces + 1
-        _require(self.spm_model_type in ("unigram", "bpe"), f"{prefix}.spm_model_type",
+        positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
+        positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
+        positive(f"{prefix}.spm_vocab_size", self.spm_vocab_size, minimum=5)  # 4 special pieces + 1
+        require(self.spm_model_type in ("unigram", "bpe"), f"{prefix}.spm_model_type",
                  self.spm_model_type, "choose unigram or bpe")
-        _require(0 < self.spm_character_coverage <= 1, f"{prefix}.spm_character_coverage",
+        require(0 < self.spm_character_coverage <= 1, f"{prefix}.spm_character_coverage",
                  self.spm_character_coverage, "must be in (0, 1]")
-        _positive(f"{prefix}.spm_input_sentence_size", self.spm_input_sentence_size)
-        _require(self.max_tokens > self.max_len, f"{prefix}.max_tokens", self.max_tokens,
+        positive(f"{prefix}.spm_input_sentence_size", self.spm_input_sentence_size)
+        require(self.max_tokens > self.max_len, f"{prefix}.max_tokens", self.max_tokens,
                  f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
-        _positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
-        _positive(f"{prefix}.num_proc", self.num_proc)
-        _at_most_workers(f"{prefix}.num_proc", self.num_proc)
+        positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
+        positive(f"{prefix}.num_proc", self.num_proc)
+        at_most_workers(f"{prefix}.num_proc", self.num_proc)
 
     def describe(self) -> str:
         """The corpus, or a mix's corpora and weights: `mix (tatoeba 1, europarl 2)`."""
@@ -198,16 +198,16 @@ class DataConfig:
         return f"mix ({', '.join(f'{name} {weight:g}' for name, weight in self.corpora.items())})"
 
     def _validate_phases(self, prefix: str) -> None:
-        _positive(f"{prefix}.epoch_pairs", self.epoch_pairs, optional=True)
+        positive(f"{prefix}.epoch_pairs", self.epoch_pairs, optional=True)
         mixed = ", ".join(self.corpora)
         for i, phase in enumerate(self.phases):
             key = f"{prefix}.phases[{i}]"
-            _positive(f"{key}.epochs", phase.epochs, minimum=0)
+            positive(f"{key}.epochs", phase.epochs, minimum=0)
             for corpus, weight in phase.corpora.items():
-                _require(corpus in self.corpora, f"{key}.corpora", corpus,
+                require(corpus in self.corpora, f"{key}.corpora", corpus,
                          f"not a corpus of the mix ({prefix}.corpora: {mixed})")
-                _require(weight >= 0, f"{key}.corpora.{corpus}", weight, "a weight must be >= 0")
-            _require(sum(phase.corpora.values()) > 0, f"{key}.corpora", dict(phase.corpora),
+                require(weight >= 0, f"{key}.corpora.{corpus}", weight, "a weight must be >= 0")
+            require(sum(phase.corpora.values()) > 0, f"{key}.corpora", dict(phase.corpora),
                      "a phase needs a corpus with a weight > 0, e.g. {tatoeba: 1}")
 
 
@@ -225,14 +225,14 @@ class OptimConfig:
     fused: bool = True  # fused AdamW kernel (CUDA and CPU); false: PyTorch's per-tensor loop
 
     def validate(self, prefix: str = "optim") -> None:
-        _require(self.lr > 0, f"{prefix}.lr", self.lr, "must be > 0")
-        _positive(f"{prefix}.warmup_steps", self.warmup_steps, minimum=0)
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{prefix}.betas",
+        require(self.lr > 0, f"{prefix}.lr", self.lr, "must be > 0")
+        positive(f"{prefix}.warmup_steps", self.warmup_steps, minimum=0)
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{prefix}.betas",
                  list(self.betas), "must be two numbers in [0, 1)")
-        _require(self.eps > 0, f"{prefix}.eps", self.eps, "must be > 0")
-        _positive(f"{prefix}.weight_decay", self.weight_decay, minimum=0)
+        require(self.eps > 0, f"{prefix}.eps", self.eps, "must be > 0")
+        positive(f"{prefix}.weight_decay", self.weight_decay, minimum=0)
         _fraction(f"{prefix}.label_smoothing", self.label_smoothing)
-        _positive(f"{prefix}.clip_norm", self.clip_norm, minimum=0)
+        positive(f"{prefix}.clip_norm", self.clip_norm, minimum=0)
 
 
 @dataclass
@@ -277,21 +277,21 @@ class TrainerConfig:
     def validate(self, prefix: str = "trainer") -> None:
         for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens",
                      "diverge_after"):
-            _positive(f"{prefix}.{name}", getattr(self, name))
+            positive(f"{prefix}.{name}", getattr(self, name))
         for name in ("max_epochs", "val_bleu_sentences", "patience", "save_every", "num_threads"):
-            _positive(f"{prefix}.{name}", getattr(self, name), optional=True)
+            positive(f"{prefix}.{name}", getattr(self, name), optional=True)
         for name in ("max_hours", "heap_slack_gb"):
             value = getattr(self, name)
-            _require(value is None or value > 0, f"{prefix}.{name}", value, "must be > 0 (or null)")
-        _require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
+            require(value is None or value > 0, f"{prefix}.{name}", value, "must be > 0 (or null)")
+        require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                  f"choose one of {', '.join(PRECISIONS)}")
-        _check_device(f"{prefix}.device", self.device)
-        _positive(f"{prefix}.seed", self.seed, minimum=0)
-        _require(bool(self.run_dir), f"{prefix}.run_dir", self.run_dir, "must name a directory")
-        _require(bool(self.resume), f"{prefix}.resume", self.resume,
+        check_device(f"{prefix}.device", self.device)
+        positive(f"{prefix}.seed", self.seed, minimum=0)
+        require(bool(self.run_dir), f"{prefix}.run_dir", self.run_dir, "must name a directory")
+        require(bool(self.resume), f"{prefix}.resume", self.resume,
                  "auto, never, or a checkpoint directory")
-        _positive(f"{prefix}.keep_last", self.keep_last, minimum=0)
-        _at_most_workers(f"{prefix}.num_threads", self.num_threads)
+        positive(f"{prefix}.keep_last", self.keep_last, minimum=0)
+        at_most_workers(f"{prefix}.num_threads", self.num_threads)
 
 
 @dataclass
@@ -317,26 +317,26 @@ class DecodeConfig:
     split_sentences: bool = True
 
     def validate(self, prefix: str = "decode") -> None:
-        _require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
+        require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
                  "choose greedy or beam")
-        _positive(f"{prefix}.beam_size", self.beam_size)
+        positive(f"{prefix}.beam_size", self.beam_size)
         _at_most(f"{prefix}.beam_size", self.beam_size, MAX_BEAM_SIZE)
-        _positive(f"{prefix}.lenpen", self.lenpen, minimum=0)
-        _positive(f"{prefix}.nbest", self.nbest)
+        positive(f"{prefix}.lenpen", self.lenpen, minimum=0)
+        positive(f"{prefix}.nbest", self.nbest)
         if self.method == "greedy":
-            _require(self.nbest == 1, f"{prefix}.nbest", self.nbest,
+            require(self.nbest == 1, f"{prefix}.nbest", self.nbest,
                      "greedy search gives one hypothesis: use decode=beam for an n-best list")
         else:
-            _require(self.nbest <= self.beam_size, f"{prefix}.nbest", self.nbest,
+            require(self.nbest <= self.beam_size, f"{prefix}.nbest", self.nbest,
                      f"cannot exceed {prefix}.beam_size={self.beam_size}")
-        _positive(f"{prefix}.max_len_a", self.max_len_a, minimum=0)
-        _positive(f"{prefix}.max_len_b", self.max_len_b, minimum=0)
-        _require(self.max_len_a + self.max_len_b >= 1, f"{prefix}.max_len_b", self.max_len_b,
+        positive(f"{prefix}.max_len_a", self.max_len_a, minimum=0)
+        positive(f"{prefix}.max_len_b", self.max_len_b, minimum=0)
+        require(self.max_len_a + self.max_len_b >= 1, f"{prefix}.max_len_b", self.max_len_b,
                  f"with {prefix}.max_len_a={self.max_len_a} the length limit a * |x| + b "
                  "could be 0: need a + b >= 1")
-        _positive(f"{prefix}.min_len", self.min_len, minimum=0)
-        _positive(f"{prefix}.max_tokens", self.max_tokens, optional=True)
-        _require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
+        positive(f"{prefix}.min_len", self.min_len, minimum=0)
+        positive(f"{prefix}.max_tokens", self.max_tokens, optional=True)
+        require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                  f"choose one of {', '.join(PRECISIONS)}")
 
 
@@ -355,7 +355,7 @@ class TrainConfig:
         for group in ("model", "data", "optim", "trainer", "decode"):
             getattr(self, group).validate(group)
         # training pairs of data.max_len tokens plus BOS or EOS must fit the positional table
-        _require(self.model.max_positions > self.data.max_len, "model.max_positions",
+        require(self.model.max_positions > self.data.max_len, "model.max_positions",
                  self.model.max_positions, f"must exceed data.max_len={self.data.max_len} (a pair "
                  "plus its BOS/EOS)")
 
@@ -365,8 +365,8 @@ GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "optim": Op
                            "trainer": TrainerConfig, "decode": DecodeConfig}
 
 
-def _check_device(key: str, device: str) -> None:
-    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device) is not None, key, device,
+def check_device(key: str, device: str) -> None:
+    require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device) is not None, key, device,
              "choose auto, cpu, cuda or cuda:N")
 
 
@@ -377,7 +377,7 @@ def _check_finite(value: Any, key: str = "") -> None:
     """Every float setting is a finite number: `optim.lr=inf` or `nan` slips past a range
     check (`inf > 0`, and NaN compares false both ways), and trains nothing."""
     if isinstance(value, float):
-        _require(math.isfinite(value), key, value, "must be a finite number")
+        require(math.isfinite(value), key, value, "must be a finite number")
     elif is_dataclass(value):
         for f in fields(value):
             _check_finite(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)

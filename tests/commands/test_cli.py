@@ -48,11 +48,9 @@ MISTAKES = [
     (train, "mt-train", ["optim.lr=-1"], "mt-train: error: optim.lr=-1.0: must be > 0"),
     (train, "mt-train", ["trainer.max_steps=many"],
      "mt-train: error: trainer.max_steps: Value 'many' of type 'str' could not be converted to Integer"),
-    (train, "mt-train", ["optim.lrr=1"], "mt-train: error: Could not override 'optim.lrr'. To append "
-     "to your config use +optim.lrr=1 Key 'lrr' not in 'OptimConfig'"),
+    (train, "mt-train", ["optim.lrr=1"], "mt-train: error: optim.lrr: Key 'lrr' not in 'OptimConfig'"),
     (train, "mt-train", ["+optim.lrr=1"], "mt-train: error: optim.lrr: Key 'lrr' not in 'OptimConfig'"),
-    (train, "mt-train", ["model.d_modle=64"], "mt-train: error: Could not override 'model.d_modle'. To "
-     "append to your config use +model.d_modle=64 Key 'd_modle' not in 'ModelConfig'"),
+    (train, "mt-train", ["model.d_modle=64"], "mt-train: error: model.d_modle: Key 'd_modle' not in 'ModelConfig'"),
     (train, "mt-train", ["model.dropout=high"],
      "mt-train: error: model.dropout: Value 'high' of type 'str' could not be converted to Float"),
     (train, "mt-train", ["model=huge"], "mt-train: error: In 'train': Could not find 'model/huge' "

@@ -1,4 +1,4 @@
-"""mt-masks (mask_inspector.py, masks_cli.py): the manual's masks (docs/masks.md) are what the command
+"""mt-masks (inspect/mask_inspector.py, commands/masks.py): the manual's masks (docs/masks.md) are what the command
 prints and what masks.py builds; recorded weights obey their masks; the three maskings and
 the empty row behave as the README says; PyTorch's masks are the opposite polarity; the
 command runs with and without a checkpoint and refuses a mistake in one line.
@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from transformer.checkpoint import load_model
-from transformer.commands import masks as masks_cli
+from transformer.commands import masks as masks_command
 from transformer.config import ConfigError, to_dataclass
 from transformer.inspect.mask_inspector import (
     KINDS,
@@ -66,7 +66,7 @@ def recorded(checkpoint):
 def mt_masks(monkeypatch, capsys, *args: str) -> str:
     """Run the mt-masks console script in this process; returns what it printed."""
     monkeypatch.setattr(sys, "argv", ["mt-masks", *args])
-    masks_cli.main()
+    masks_command.main()
     return capsys.readouterr().out
 
 
@@ -105,7 +105,7 @@ def test_the_readme_block_is_what_mt_masks_prints(monkeypatch, capsys, tmp_path)
 
 def test_the_readme_matrices_are_masks_py_masks_of_the_batch_the_model_sees():
     args, block = readme_example()
-    cfg = to_dataclass(masks_cli.MasksConfig, compose_cfg(*args, config="masks"))
+    cfg = to_dataclass(masks_command.MasksConfig, compose_cfg(*args, config="masks"))
     tokenizer = WhitespaceTokenizer([*cfg.sentences, *cfg.translations])
     inspected = make_batch(tokenizer, cfg.sentences, cfg.translations)
     masks = model_masks(inspected.batch)  # src_key_mask and tgt_self_mask of the ids
@@ -175,8 +175,8 @@ def test_the_three_maskings_of_a_real_row(recorded):
 
 def test_the_printed_table_holds_each_method_and_its_sum(recorded):
     _, inspected, maps = recorded
-    cfg = masks_cli.MasksConfig(sentences=SENTENCES, translations=TRANSLATIONS, query=1)
-    lines = masks_cli.format_methods(cfg, inspected, maps)
+    cfg = masks_command.MasksConfig(sentences=SENTENCES, translations=TRANSLATIONS, query=1)
+    lines = masks_command.format_methods(cfg, inspected, maps)
     start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["key", "score"])
     m = find_map(maps, "decoder_self", -1)
     methods = masking_methods(m.scores[0, 0, 1], m.mask[0, 1])
@@ -288,7 +288,7 @@ def test_a_mistake_is_one_line_and_writes_nothing(args, line, monkeypatch, tmp_p
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["mt-masks", *args])
     with pytest.raises(SystemExit) as info:
-        masks_cli.main()
+        masks_command.main()
     assert info.value.code == f"mt-masks: error: {line}"
     assert list(tmp_path.iterdir()) == []
 
@@ -299,17 +299,17 @@ def test_a_layer_or_head_the_checkpoint_lacks_is_one_line(checkpoint, monkeypatc
                       ("head=2", "head=2: the model has 2 heads (0 to 1)")):
         monkeypatch.setattr(sys, "argv", ["mt-masks", f"checkpoint={checkpoint}", *PAIRS, arg])
         with pytest.raises(SystemExit) as info:
-            masks_cli.main()
+            masks_command.main()
         assert info.value.code == f"mt-masks: error: {line}"
     assert list(tmp_path.iterdir()) == []
 
 
 def test_configs_masks_yaml_mirrors_the_dataclass():
     cfg = compose_cfg(*PAIRS, config="masks")
-    assert set(OmegaConf.to_container(cfg)) == {f.name for f in fields(masks_cli.MasksConfig)}
-    assert to_dataclass(masks_cli.MasksConfig, cfg).sentences == SENTENCES
+    assert set(OmegaConf.to_container(cfg)) == {f.name for f in fields(masks_command.MasksConfig)}
+    assert to_dataclass(masks_command.MasksConfig, cfg).sentences == SENTENCES
     with pytest.raises(ConfigError, match=r"^sentences=\[\]: give one or more"):
-        to_dataclass(masks_cli.MasksConfig, compose_cfg(config="masks"))
+        to_dataclass(masks_command.MasksConfig, compose_cfg(config="masks"))
 
 
 def test_a_cut_source_and_an_empty_translation_are_told(checkpoint, monkeypatch, tmp_path):
@@ -319,7 +319,7 @@ def test_a_cut_source_and_an_empty_translation_are_told(checkpoint, monkeypatch,
     monkeypatch.setattr(sys, "argv", ["mt-masks", f"checkpoint={checkpoint}", f"sentences=[{long}]",
                                       "translations=['']", "query=1"])
     with pytest.raises(SystemExit) as info:
-        masks_cli.main()
+        masks_command.main()
     assert info.value.code == (
         "mt-masks: error: query=1: decoder_self has 1 query rows in this batch (0 to 0); "
         "sentence 0: its 3000 source tokens were cut to the first 64, the rows of the model's "

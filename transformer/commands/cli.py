@@ -107,6 +107,10 @@ def register_command(name: str, schema: type) -> None:
 register_configs()
 
 
+_NO_SUCH_KEY = re.compile(r"Could not override '(?P<key>[^']+)'\. To append to your config use \S+ "
+                          r"(?P<why>Key '[^']+' not in '\w+')")
+
+
 def error_message(e: BaseException) -> str:
     """One line for a user error: OmegaConf's errors span several lines; name their key."""
     cause = e.__cause__
@@ -115,7 +119,11 @@ def error_message(e: BaseException) -> str:
     if isinstance(e, HydraException):  # the command line itself: an unknown key, a bad group
         parts = [str(e), str(e.__cause__ or "")]
         lines = [line.strip() for part in parts for line in part.split("Config search path")[0].splitlines()]
-        return " ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=", "reference_type=")))
+        text = " ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=", "reference_type=")))
+        # A misspelt key of a dataclass: Hydra's hint to append it with `+` would be refused too.
+        if m := _NO_SUCH_KEY.fullmatch(text):
+            return f"{m['key']}: {m['why']}"
+        return text
     if isinstance(e, OmegaConfBaseException):
         key = getattr(e, "full_key", None)
         msg = str(getattr(e, "msg", None) or e).strip().splitlines()[0]

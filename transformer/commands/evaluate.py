@@ -36,10 +36,10 @@ from transformer.commands import cli
 from transformer.config import (
     DataConfig,
     DecodeConfig,
-    _at_most_workers,
-    _check_device,
-    _positive,
-    _require,
+    at_most_workers,
+    check_device,
+    positive,
+    require,
 )
 from transformer.data.corpus import DataError
 from transformer.data.pipeline import load_test_set
@@ -68,13 +68,13 @@ class EvaluateConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # the search: the decode group
 
     def validate(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
+        require(bool(self.checkpoint), "checkpoint", self.checkpoint,
                  "required: add checkpoint=path/to/checkpoint_dir")
-        _require(bool(self.test_set), "test_set", self.test_set, "name a test set")
-        _positive("max_sentences", self.max_sentences, optional=True)
-        _check_device("device", self.device)
-        _positive("threads", self.threads, optional=True)
-        _at_most_workers("threads", self.threads)
+        require(bool(self.test_set), "test_set", self.test_set, "name a test set")
+        positive("max_sentences", self.max_sentences, optional=True)
+        check_device("device", self.device)
+        positive("threads", self.threads, optional=True)
+        at_most_workers("threads", self.threads)
         self.data.validate("data")
         self.decode.validate("decode")
 

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from transformer import outputs
 from transformer.commands import cli
-from transformer.config import ConfigError, DataConfig, DecodeConfig, _check_device, _require
+from transformer.config import ConfigError, DataConfig, DecodeConfig, check_device, require
 from transformer.data.pipeline import prepare_data
 from transformer.decoding.ct2_model import is_export, load_export_info
 from transformer.decoding.text import load_for_inference, translate_lines
@@ -69,27 +69,27 @@ class MasksConfig:
     data: DataConfig = field(default_factory=DataConfig)  # tokenizer=data: its vocabulary
 
     def validate(self) -> None:
-        _require(bool(self.sentences), "sentences", self.sentences,
+        require(bool(self.sentences), "sentences", self.sentences,
                  "give one or more Italian sentences: sentences='[Mi chiamo Luke, Ciao]'")
         for i, text in enumerate(self.sentences):
-            _require(bool(text.strip()), f"sentences[{i}]", text, "is empty")
+            require(bool(text.strip()), f"sentences[{i}]", text, "is empty")
         if self.translations is not None:
-            _require(len(self.translations) == len(self.sentences), "translations",
+            require(len(self.translations) == len(self.sentences), "translations",
                      self.translations, f"need one per sentence ({len(self.sentences)})")
         elif not self.checkpoint:
             raise ConfigError("translations=null: without a checkpoint there is no model to "
                               "translate; give translations='[...]' or checkpoint=DIR")
-        _require(self.tokenizer in TOKENIZERS, "tokenizer", self.tokenizer,
+        require(self.tokenizer in TOKENIZERS, "tokenizer", self.tokenizer,
                  f"choose one of {', '.join(TOKENIZERS)}")
-        _require(not (self.checkpoint and self.tokenizer != "auto"), "tokenizer", self.tokenizer,
+        require(not (self.checkpoint and self.tokenizer != "auto"), "tokenizer", self.tokenizer,
                  "a checkpoint brings its own tokenizer: leave tokenizer=auto")
-        _require(self.attention in KINDS, "attention", self.attention,
+        require(self.attention in KINDS, "attention", self.attention,
                  f"choose one of {', '.join(KINDS)}")
-        _require(0 <= self.sentence < len(self.sentences), "sentence", self.sentence,
+        require(0 <= self.sentence < len(self.sentences), "sentence", self.sentence,
                  f"must index the {len(self.sentences)} sentence(s) (from 0)")
         for name in ("query", "head"):
-            _require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
-        _check_device("device", self.device)
+            require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        check_device("device", self.device)
         if self.tokenizer == "data":
             self.data.validate("data")
 
@@ -279,15 +279,15 @@ def check_choices(cfg: MasksConfig, inspected: InspectedBatch, model) -> None:
     batch = inspected.batch
     n = batch.src_ids.size(1) if cfg.attention == "encoder_self" else batch.tgt_in_ids.size(1)
     why = "".join(f"; {note}" for note in inspected.notes)
-    _require(cfg.query < n, "query", cfg.query,
+    require(cfg.query < n, "query", cfg.query,
              f"{cfg.attention} has {n} query rows in this batch (0 to {n - 1}){why}")
     if model is None:
         return
-    _require(cfg.head < model.cfg.n_heads, "head", cfg.head,
+    require(cfg.head < model.cfg.n_heads, "head", cfg.head,
              f"the model has {model.cfg.n_heads} heads (0 to {model.cfg.n_heads - 1})")
     for stack in ("encoder", "decoder"):
         layers = getattr(model.cfg, f"n_{stack}_layers")
-        _require(-layers <= cfg.layer < layers, "layer", cfg.layer,
+        require(-layers <= cfg.layer < layers, "layer", cfg.layer,
                  f"the model has {layers} {stack} layers (0 to {layers - 1}, or -1 for the last)")
 
 

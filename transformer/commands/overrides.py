@@ -15,6 +15,9 @@
   whose default is a list, a dict or a dataclass (`~optim.betas`, `~data.phases`,
   `~input`) becomes `optim.betas='???'`: missing, so `to_dataclass` fills in the default.
   `~model` stays: Hydra drops the group, and the command's schema gives its defaults.
+  `~key=value` resets the setting the same way, whatever it holds: Hydra would delete it
+  only if it held `value`, but it cannot delete a schema's setting at all, and the
+  composed value is not known yet when the command line is read.
 - `test_set=src.it,ref.en`, a comma in a text setting of a single run, is that text:
   Hydra would call it ambiguous (a list? a sweep?); it is quoted for it.
 """

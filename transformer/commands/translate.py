@@ -32,10 +32,10 @@ from transformer.commands import cli
 from transformer.config import (
     ConfigError,
     DecodeConfig,
-    _at_most_workers,
-    _check_device,
-    _positive,
-    _require,
+    at_most_workers,
+    check_device,
+    positive,
+    require,
 )
 from transformer.data.corpus import decode_lines, read_lines
 from transformer.decoding.text import format_nbest, load_for_inference, translate_nbest
@@ -66,13 +66,13 @@ class TranslateConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # the search: the decode group
 
     def validate(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
+        require(bool(self.checkpoint), "checkpoint", self.checkpoint,
                  "required: add checkpoint=path/to/checkpoint_dir")
-        _require(self.input.file is None or self.input.text is None, "input.text", self.input.text,
+        require(self.input.file is None or self.input.text is None, "input.text", self.input.text,
                  "give input.file or input.text, not both")
-        _check_device("device", self.device)
-        _positive("threads", self.threads, optional=True)
-        _at_most_workers("threads", self.threads)
+        check_device("device", self.device)
+        positive("threads", self.threads, optional=True)
+        at_most_workers("threads", self.threads)
         self.decode.validate("decode")
 
 

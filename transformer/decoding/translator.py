@@ -30,9 +30,9 @@ from transformer.checkpoint import MODEL_CFG, CheckpointError
 from transformer.config import (
     ConfigError,
     DecodeConfig,
-    _at_most_workers,
-    _check_device,
-    _positive,
+    at_most_workers,
+    check_device,
+    positive,
     to_dataclass,
 )
 from transformer.data.tokenizer import Tokenizer
@@ -166,9 +166,9 @@ class Translator:
         if "nbest" in settings:
             raise ConfigError("decode.nbest: give nbest to translate(), whose result it shapes")
         device = str(device)  # a torch.device too
-        _check_device("device", device)
-        _positive("threads", threads, optional=True)
-        _at_most_workers("threads", threads)
+        check_device("device", device)
+        positive("threads", threads, optional=True)
+        at_most_workers("threads", threads)
         decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
         where = _check_path(path)  # all of the above before any work
         model, tokenizer, torch_device = load_for_inference(str(where), device, threads)

@@ -49,7 +49,7 @@ import torch
 
 from transformer import outputs
 from transformer.checkpoint import TOKENIZER, load_model
-from transformer.config import ModelConfig, _require
+from transformer.config import ModelConfig, require
 from transformer.data.tokenizer import UNK_ID
 from transformer.decoding.ct2_model import CT2_FILES, EXPORT_INFO, is_export, require_ctranslate2
 from transformer.errors import UserError
@@ -85,16 +85,16 @@ class ExportConfig:
     format: str = "ct2"
 
     def validate(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint,
+        require(bool(self.checkpoint), "checkpoint", self.checkpoint,
                  "required: add checkpoint=path/to/checkpoint_dir")
-        _require(bool(self.output), "output", self.output, "required: add output=path/to/export_dir")
-        _require(self.quantization in QUANTIZATIONS, "quantization", self.quantization,
+        require(bool(self.output), "output", self.output, "required: add output=path/to/export_dir")
+        require(self.quantization in QUANTIZATIONS, "quantization", self.quantization,
                  f"choose one of {', '.join(QUANTIZATIONS)}")
-        _require(self.format in FORMATS, "format", self.format, f"choose one of {', '.join(FORMATS)}")
+        require(self.format in FORMATS, "format", self.format, f"choose one of {', '.join(FORMATS)}")
         argos_file = str(self.output).endswith(".argosmodel")
-        _require(argos_file or self.format != "argos", "output", self.output,
+        require(argos_file or self.format != "argos", "output", self.output,
                  "format=argos writes a file ending in .argosmodel")
-        _require(not argos_file or self.format == "argos", "output", self.output,
+        require(not argos_file or self.format == "argos", "output", self.output,
                  "an .argosmodel is written with format=argos")
 
 
