@@ -46,7 +46,7 @@ def at_most_workers(key: str, value: int | None) -> None:
     """Worker processes or threads: at most the CPU cores this process may use (at least 2)."""
     limit = worker_limit()
     require(value is None or value <= limit, key, value,
-             f"must be <= {limit}, the CPU cores this process may use (at least 2)")
+            f"must be <= {limit}, the CPU cores this process may use (at least 2)")
 
 
 def _fraction(key: str, value: float) -> None:
@@ -78,7 +78,7 @@ class ModelConfig:
                      "n_decoder_layers"):
             positive(f"{prefix}.{name}", getattr(self, name))
         require(self.d_model % self.n_heads == 0, f"{prefix}.n_heads", self.n_heads,
-                 f"must divide {prefix}.d_model={self.d_model}")
+                f"must divide {prefix}.d_model={self.d_model}")
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
             _fraction(f"{prefix}.{name}", getattr(self, name))
         positive(f"{prefix}.max_positions", self.max_positions, minimum=2)
@@ -86,9 +86,9 @@ class ModelConfig:
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in ids.items():
             require(0 <= value < self.vocab_size, f"{prefix}.{name}", value,
-                     f"must be a token id below {prefix}.vocab_size={self.vocab_size}")
+                    f"must be a token id below {prefix}.vocab_size={self.vocab_size}")
         require(len(set(ids.values())) == 3, f"{prefix}.eos_id", self.eos_id,
-                 "pad_id, bos_id and eos_id must be three different ids")
+                "pad_id, bos_id and eos_id must be three different ids")
 
 
     @classmethod
@@ -163,11 +163,11 @@ class DataConfig:
         require(self.name in names, f"{prefix}.name", self.name, f"choose one of {', '.join(names)}")
         if self.name == "mix":
             require(bool(self.corpora), f"{prefix}.corpora", self.corpora,
-                     "name=mix needs corpora to mix, e.g. {tatoeba: 1, europarl: 1}")
+                    "name=mix needs corpora to mix, e.g. {tatoeba: 1, europarl: 1}")
             mixable = tuple(c for c in CORPORA if c != "files")
             for corpus, weight in self.corpora.items():
                 require(corpus in mixable, f"{prefix}.corpora", corpus,
-                         f"can mix the named corpora {', '.join(mixable)}")
+                        f"can mix the named corpora {', '.join(mixable)}")
                 require(weight > 0, f"{prefix}.corpora.{corpus}", weight, "a weight must be > 0")
             self._validate_phases(prefix)
         else:
@@ -181,12 +181,12 @@ class DataConfig:
         positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
         positive(f"{prefix}.spm_vocab_size", self.spm_vocab_size, minimum=5)  # 4 special pieces + 1
         require(self.spm_model_type in ("unigram", "bpe"), f"{prefix}.spm_model_type",
-                 self.spm_model_type, "choose unigram or bpe")
+                self.spm_model_type, "choose unigram or bpe")
         require(0 < self.spm_character_coverage <= 1, f"{prefix}.spm_character_coverage",
-                 self.spm_character_coverage, "must be in (0, 1]")
+                self.spm_character_coverage, "must be in (0, 1]")
         positive(f"{prefix}.spm_input_sentence_size", self.spm_input_sentence_size)
         require(self.max_tokens > self.max_len, f"{prefix}.max_tokens", self.max_tokens,
-                 f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
+                f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
         positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
         positive(f"{prefix}.num_proc", self.num_proc)
         at_most_workers(f"{prefix}.num_proc", self.num_proc)
@@ -205,10 +205,10 @@ class DataConfig:
             positive(f"{key}.epochs", phase.epochs, minimum=0)
             for corpus, weight in phase.corpora.items():
                 require(corpus in self.corpora, f"{key}.corpora", corpus,
-                         f"not a corpus of the mix ({prefix}.corpora: {mixed})")
+                        f"not a corpus of the mix ({prefix}.corpora: {mixed})")
                 require(weight >= 0, f"{key}.corpora.{corpus}", weight, "a weight must be >= 0")
             require(sum(phase.corpora.values()) > 0, f"{key}.corpora", dict(phase.corpora),
-                     "a phase needs a corpus with a weight > 0, e.g. {tatoeba: 1}")
+                    "a phase needs a corpus with a weight > 0, e.g. {tatoeba: 1}")
 
 
 @dataclass
@@ -228,7 +228,7 @@ class OptimConfig:
         require(self.lr > 0, f"{prefix}.lr", self.lr, "must be > 0")
         positive(f"{prefix}.warmup_steps", self.warmup_steps, minimum=0)
         require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{prefix}.betas",
-                 list(self.betas), "must be two numbers in [0, 1)")
+                list(self.betas), "must be two numbers in [0, 1)")
         require(self.eps > 0, f"{prefix}.eps", self.eps, "must be > 0")
         positive(f"{prefix}.weight_decay", self.weight_decay, minimum=0)
         _fraction(f"{prefix}.label_smoothing", self.label_smoothing)
@@ -284,12 +284,12 @@ class TrainerConfig:
             value = getattr(self, name)
             require(value is None or value > 0, f"{prefix}.{name}", value, "must be > 0 (or null)")
         require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
-                 f"choose one of {', '.join(PRECISIONS)}")
+                f"choose one of {', '.join(PRECISIONS)}")
         check_device(f"{prefix}.device", self.device)
         positive(f"{prefix}.seed", self.seed, minimum=0)
         require(bool(self.run_dir), f"{prefix}.run_dir", self.run_dir, "must name a directory")
         require(bool(self.resume), f"{prefix}.resume", self.resume,
-                 "auto, never, or a checkpoint directory")
+                "auto, never, or a checkpoint directory")
         positive(f"{prefix}.keep_last", self.keep_last, minimum=0)
         at_most_workers(f"{prefix}.num_threads", self.num_threads)
 
@@ -318,26 +318,26 @@ class DecodeConfig:
 
     def validate(self, prefix: str = "decode") -> None:
         require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
-                 "choose greedy or beam")
+                "choose greedy or beam")
         positive(f"{prefix}.beam_size", self.beam_size)
         _at_most(f"{prefix}.beam_size", self.beam_size, MAX_BEAM_SIZE)
         positive(f"{prefix}.lenpen", self.lenpen, minimum=0)
         positive(f"{prefix}.nbest", self.nbest)
         if self.method == "greedy":
             require(self.nbest == 1, f"{prefix}.nbest", self.nbest,
-                     "greedy search gives one hypothesis: use decode=beam for an n-best list")
+                    "greedy search gives one hypothesis: use decode=beam for an n-best list")
         else:
             require(self.nbest <= self.beam_size, f"{prefix}.nbest", self.nbest,
-                     f"cannot exceed {prefix}.beam_size={self.beam_size}")
+                    f"cannot exceed {prefix}.beam_size={self.beam_size}")
         positive(f"{prefix}.max_len_a", self.max_len_a, minimum=0)
         positive(f"{prefix}.max_len_b", self.max_len_b, minimum=0)
         require(self.max_len_a + self.max_len_b >= 1, f"{prefix}.max_len_b", self.max_len_b,
-                 f"with {prefix}.max_len_a={self.max_len_a} the length limit a * |x| + b "
-                 "could be 0: need a + b >= 1")
+                f"with {prefix}.max_len_a={self.max_len_a} the length limit a * |x| + b "
+                "could be 0: need a + b >= 1")
         positive(f"{prefix}.min_len", self.min_len, minimum=0)
         positive(f"{prefix}.max_tokens", self.max_tokens, optional=True)
         require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
-                 f"choose one of {', '.join(PRECISIONS)}")
+                f"choose one of {', '.join(PRECISIONS)}")
 
 
 @dataclass
@@ -356,8 +356,8 @@ class TrainConfig:
             getattr(self, group).validate(group)
         # training pairs of data.max_len tokens plus BOS or EOS must fit the positional table
         require(self.model.max_positions > self.data.max_len, "model.max_positions",
-                 self.model.max_positions, f"must exceed data.max_len={self.data.max_len} (a pair "
-                 "plus its BOS/EOS)")
+                self.model.max_positions, f"must exceed data.max_len={self.data.max_len} (a pair "
+                "plus its BOS/EOS)")
 
 
 # config group -> the dataclass its presets start from (`configs/<group>/*.yaml`)
@@ -367,7 +367,7 @@ GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "optim": Op
 
 def check_device(key: str, device: str) -> None:
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device) is not None, key, device,
-             "choose auto, cpu, cuda or cuda:N")
+            "choose auto, cpu, cuda or cuda:N")
 
 
 T = TypeVar("T")

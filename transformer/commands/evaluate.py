@@ -69,7 +69,7 @@ class EvaluateConfig:
 
     def validate(self) -> None:
         require(bool(self.checkpoint), "checkpoint", self.checkpoint,
-                 "required: add checkpoint=path/to/checkpoint_dir")
+                "required: add checkpoint=path/to/checkpoint_dir")
         require(bool(self.test_set), "test_set", self.test_set, "name a test set")
         positive("max_sentences", self.max_sentences, optional=True)
         check_device("device", self.device)

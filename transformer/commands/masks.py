@@ -70,23 +70,23 @@ class MasksConfig:
 
     def validate(self) -> None:
         require(bool(self.sentences), "sentences", self.sentences,
-                 "give one or more Italian sentences: sentences='[Mi chiamo Luke, Ciao]'")
+                "give one or more Italian sentences: sentences='[Mi chiamo Luke, Ciao]'")
         for i, text in enumerate(self.sentences):
             require(bool(text.strip()), f"sentences[{i}]", text, "is empty")
         if self.translations is not None:
             require(len(self.translations) == len(self.sentences), "translations",
-                     self.translations, f"need one per sentence ({len(self.sentences)})")
+                    self.translations, f"need one per sentence ({len(self.sentences)})")
         elif not self.checkpoint:
             raise ConfigError("translations=null: without a checkpoint there is no model to "
                               "translate; give translations='[...]' or checkpoint=DIR")
         require(self.tokenizer in TOKENIZERS, "tokenizer", self.tokenizer,
-                 f"choose one of {', '.join(TOKENIZERS)}")
+                f"choose one of {', '.join(TOKENIZERS)}")
         require(not (self.checkpoint and self.tokenizer != "auto"), "tokenizer", self.tokenizer,
-                 "a checkpoint brings its own tokenizer: leave tokenizer=auto")
+                "a checkpoint brings its own tokenizer: leave tokenizer=auto")
         require(self.attention in KINDS, "attention", self.attention,
-                 f"choose one of {', '.join(KINDS)}")
+                f"choose one of {', '.join(KINDS)}")
         require(0 <= self.sentence < len(self.sentences), "sentence", self.sentence,
-                 f"must index the {len(self.sentences)} sentence(s) (from 0)")
+                f"must index the {len(self.sentences)} sentence(s) (from 0)")
         for name in ("query", "head"):
             require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
         check_device("device", self.device)
@@ -280,15 +280,15 @@ def check_choices(cfg: MasksConfig, inspected: InspectedBatch, model) -> None:
     n = batch.src_ids.size(1) if cfg.attention == "encoder_self" else batch.tgt_in_ids.size(1)
     why = "".join(f"; {note}" for note in inspected.notes)
     require(cfg.query < n, "query", cfg.query,
-             f"{cfg.attention} has {n} query rows in this batch (0 to {n - 1}){why}")
+            f"{cfg.attention} has {n} query rows in this batch (0 to {n - 1}){why}")
     if model is None:
         return
     require(cfg.head < model.cfg.n_heads, "head", cfg.head,
-             f"the model has {model.cfg.n_heads} heads (0 to {model.cfg.n_heads - 1})")
+            f"the model has {model.cfg.n_heads} heads (0 to {model.cfg.n_heads - 1})")
     for stack in ("encoder", "decoder"):
         layers = getattr(model.cfg, f"n_{stack}_layers")
         require(-layers <= cfg.layer < layers, "layer", cfg.layer,
-                 f"the model has {layers} {stack} layers (0 to {layers - 1}, or -1 for the last)")
+                f"the model has {layers} {stack} layers (0 to {layers - 1}, or -1 for the last)")
 
 
 def describe(cfg: MasksConfig, tokenizer) -> str:

@@ -67,9 +67,9 @@ class TranslateConfig:
 
     def validate(self) -> None:
         require(bool(self.checkpoint), "checkpoint", self.checkpoint,
-                 "required: add checkpoint=path/to/checkpoint_dir")
+                "required: add checkpoint=path/to/checkpoint_dir")
         require(self.input.file is None or self.input.text is None, "input.text", self.input.text,
-                 "give input.file or input.text, not both")
+                "give input.file or input.text, not both")
         check_device("device", self.device)
         positive("threads", self.threads, optional=True)
         at_most_workers("threads", self.threads)

@@ -86,16 +86,16 @@ class ExportConfig:
 
     def validate(self) -> None:
         require(bool(self.checkpoint), "checkpoint", self.checkpoint,
-                 "required: add checkpoint=path/to/checkpoint_dir")
+                "required: add checkpoint=path/to/checkpoint_dir")
         require(bool(self.output), "output", self.output, "required: add output=path/to/export_dir")
         require(self.quantization in QUANTIZATIONS, "quantization", self.quantization,
-                 f"choose one of {', '.join(QUANTIZATIONS)}")
+                f"choose one of {', '.join(QUANTIZATIONS)}")
         require(self.format in FORMATS, "format", self.format, f"choose one of {', '.join(FORMATS)}")
         argos_file = str(self.output).endswith(".argosmodel")
         require(argos_file or self.format != "argos", "output", self.output,
-                 "format=argos writes a file ending in .argosmodel")
+                "format=argos writes a file ending in .argosmodel")
         require(not argos_file or self.format == "argos", "output", self.output,
-                 "an .argosmodel is written with format=argos")
+                "an .argosmodel is written with format=argos")
 
 
 class ExportError(UserError, ValueError):
