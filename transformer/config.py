@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from transformer.bounds import MAX_BEAM_SIZE, MAX_POSITIONS, worker_limit
 from transformer.errors import ConfigError
@@ -396,6 +397,14 @@ def load_preset(schema: type, path: str | Path) -> DictConfig:
     preset = OmegaConf.load(path)
     preset.pop("defaults", None)
     return OmegaConf.merge(OmegaConf.structured(schema), preset)
+
+
+def omegaconf_error_line(e: OmegaConfBaseException) -> str:
+    """An OmegaConf error (a value of the wrong type, a key the schema lacks) as one line
+    naming its key; the error's own text spans several lines."""
+    key = getattr(e, "full_key", None)
+    msg = str(getattr(e, "msg", None) or e).strip().splitlines()[0]
+    return f"{key}: {msg}" if key else msg
 
 
 def to_dataclass(schema: type[T], cfg: DictConfig | dict[str, Any]) -> T:

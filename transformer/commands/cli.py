@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from transformer.commands import overrides
-from transformer.config import GROUPS, TrainConfig, to_dataclass
+from transformer.config import GROUPS, TrainConfig, omegaconf_error_line, to_dataclass
 from transformer.errors import UserError, file_error
 from transformer.paths import PROJECT_ROOT
 
@@ -125,9 +125,7 @@ def error_message(e: BaseException) -> str:
             return f"{m['key']}: {m['why']}"
         return text
     if isinstance(e, OmegaConfBaseException):
-        key = getattr(e, "full_key", None)
-        msg = str(getattr(e, "msg", None) or e).strip().splitlines()[0]
-        return f"{key}: {msg}" if key else msg
+        return omegaconf_error_line(e)
     return " ".join(str(e).split()) or type(e).__name__
 
 

@@ -32,6 +32,7 @@ from transformer.config import (
     DecodeConfig,
     at_most_workers,
     check_device,
+    omegaconf_error_line,
     positive,
     to_dataclass,
 )
@@ -75,9 +76,7 @@ def decode_config(base: DecodeConfig, settings: dict[str, Any]) -> DecodeConfig:
     try:
         return to_dataclass(_Settings, {"decode": {**asdict(base), **settings}}).decode
     except OmegaConfBaseException as e:  # a value of the wrong type: one line naming the key
-        msg = str(getattr(e, "msg", None) or e).strip().splitlines()[0]
-        key = getattr(e, "full_key", None)
-        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+        raise ConfigError(omegaconf_error_line(e)) from None
 
 
 def _check_path(path: str | Path) -> Path:
