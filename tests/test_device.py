@@ -101,3 +101,28 @@ def test_a_one_process_torchrun_counts_as_distributed(monkeypatch, env, launched
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert distributed.launched_by_torchrun() is launched
+
+
+def test_host_reads_counts_every_way_a_value_comes_back_and_nothing_else():
+    from transformer.device import HostReads
+
+    x = torch.arange(6.0)
+    with HostReads() as reads:
+        y = (x * 2 + 1).softmax(0).index_select(0, torch.tensor([0, 2]))  # device work only
+        torch.repeat_interleave(torch.tensor([1, 2]), output_size=3)
+    assert reads.total == 0
+    with HostReads(sites=True) as reads:
+        x[0].item()
+        int(x.max())
+        float(x.sum())
+        if (x > 2).any():
+            pass
+        x.tolist()
+        (x > 2).nonzero()
+        x[x > 2]
+        torch.repeat_interleave(torch.tensor([1, 2]))
+    assert reads.by_op == {"_local_scalar_dense": 4, "tolist": 1, "nonzero": 1,
+                           "index(bool mask)": 1, "repeat_interleave": 1}
+    assert sum(reads.by_site.values()) == reads.total == 8
+    assert all(site.startswith("test_device.py:") for site in reads.by_site)
+    assert y.tolist() and torch.Tensor.tolist.__name__ == "tolist"  # unpatched on exit

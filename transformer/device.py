@@ -232,3 +232,94 @@ def enable_fast_cuda_math() -> None:
     """TF32 matmuls and convolutions on Ampere and later (fp32 runs only pay for it)."""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+
+
+# Operations that make the host wait for the device: a value read back (`.item()`, `int()`,
+# `float()`, `bool()`, `if t:`), or an output whose size depends on the values (`nonzero`,
+# boolean indexing, `masked_select`, `repeat_interleave` without output_size, `unique`).
+_HOST_READ_OPS = frozenset({
+    "aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+    "aten.repeat_interleave.Tensor", "aten.equal.default", "aten.is_nonzero.default",
+    "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
+})
+
+
+class HostReads:
+    """Counts the host's reads of tensor values inside a `with` block: on a GPU each one
+    stops the host until the device has caught up, so the counts hold a loop to "the host
+    never waits" on a CPU-only machine (the tests, `scripts/gpu_check.sh --cpu`).
+
+    Counted: `aten._local_scalar_dense` (what `.item()`, `int(t)`, `float(t)`, `bool(t)`
+    and `if t:` call), ops whose output size depends on the values (`nonzero`, indexing
+    with a bool mask, `masked_select`, `repeat_interleave` without `output_size`, `unique`),
+    and `Tensor.tolist()` and `Tensor.numpy()`, which bypass the dispatcher. `.cpu()` is
+    not counted: on a CPU it copies nothing, and the code it would catch copies results
+    already read another way.
+
+    Example:
+        with HostReads() as reads:
+            trainer.train_step(batches)
+        reads.total, reads.by_op   # 0, Counter()
+
+    Args:
+        sites: also record where each read came from (file:line of the first frame
+            outside torch), in `by_site`: slower, for finding them.
+    """
+
+    def __init__(self, sites: bool = False) -> None:
+        from collections import Counter
+
+        self.by_op: Counter[str] = Counter()
+        self.by_site: Counter[str] = Counter()
+        self._sites = sites
+        self._mode = None
+        self._patched: dict[str, object] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_op.values())
+
+    def _count(self, op: str) -> None:
+        self.by_op[op] += 1
+        if self._sites:
+            import traceback
+
+            for frame in reversed(traceback.extract_stack()[:-2]):
+                if "/torch/" not in frame.filename and frame.filename != __file__:
+                    self.by_site[f"{Path(frame.filename).name}:{frame.lineno}"] += 1
+                    break
+
+    def __enter__(self) -> HostReads:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = str(func)
+                if name in _HOST_READ_OPS:
+                    if name != "aten.repeat_interleave.Tensor" or not (kwargs or {}).get("output_size"):
+                        counter._count(name.split(".")[1])
+                elif name == "aten.index.Tensor" and any(
+                        isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+                    counter._count("index(bool mask)")
+                return func(*args, **(kwargs or {}))
+
+        for method in ("tolist", "numpy"):
+            original = getattr(torch.Tensor, method)
+            self._patched[method] = original
+
+            def wrapped(t, *a, _original=original, _method=method, **kw):
+                counter._count(_method)
+                return _original(t, *a, **kw)
+
+            setattr(torch.Tensor, method, wrapped)
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        for method, original in self._patched.items():
+            setattr(torch.Tensor, method, original)
+        self._patched.clear()
