@@ -12,8 +12,10 @@ there (docs/training.md, "The GPU recipe in one call"):
     scripts/gpu_recipe.sh -- optim.lr=7e-4    # mt-train overrides after --, for every step
 
 Steps, each in its own process under its own time limit; the run as a whole has a deadline
-(540 s on a GPU), and training gets what is left of its six minutes after the data step,
-less what the later steps need (`Plan.after_train`): the JSON says how long it trained.
+(540 s on a GPU), and training gets its six minutes less what the deadline cannot spare:
+the time already spent, the train step's own start, validation and checkpoints
+(`Plan.train_overhead`) and the later steps' (`Plan.after_train`). The JSON says how long
+it trained.
   data      the recipe's corpus prepared from the packed folder (its vocabulary given)
   train     mt-train: updates, tokens/s, peak GPU memory, the learning curve (training
             loss, dev BLEU per dev set at each validation)
@@ -55,6 +57,7 @@ class Plan:
     data_root: str  # the packed corpus folder; its spm.model, if there, is the vocabulary
     overrides: list[str]  # mt-train overrides on top of the experiment
     train_seconds: float  # the recipe's training time (trainer.max_hours), at most
+    train_overhead: int  # seconds the train step spends besides training: start, validation, checkpoints
     after_train: int  # seconds kept for average, evaluate and export once training ends
     eval_sentences: int | None  # of each test set (None: all)
     dev_sentences: int  # of each dev set, greedy, to choose between the last and the average
@@ -63,11 +66,11 @@ class Plan:
     deadline: int = 540
 
 
-GPU = Plan(device="cuda", data_root=".gpu/recipe/data", overrides=[], train_seconds=360,
-           after_train=130, eval_sentences=None, dev_sentences=500, average_last=5,
-           limits={"data": 150, "train": 470, "average": 60, "evaluate": 150, "export": 150})
+GPU = Plan(device="cuda", data_root=".gpu/recipe/data", overrides=[], train_seconds=360, train_overhead=60,
+           after_train=110, eval_sentences=None, dev_sentences=500, average_last=5,
+           limits={"data": 150, "train": 480, "average": 60, "evaluate": 150, "export": 150})
 
-CPU = Plan(device="cpu", data_root="", train_seconds=60, after_train=60, eval_sentences=20,
+CPU = Plan(device="cpu", data_root="", train_seconds=60, train_overhead=30, after_train=60, eval_sentences=20,
            dev_sentences=10, average_last=3,
            overrides=["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_encoder_layers=2",
                       "model.n_decoder_layers=1", "data.spm_vocab_size=300", "data.max_tokens=512",
@@ -129,9 +132,8 @@ def main() -> int:
         left = int(plan.deadline - (time.monotonic() - start))
         limit, seconds = min(plan.limits[name], left), None
         if name == "train":  # the recipe's time, less what the later steps need
-            overhead = plan.limits["train"] - plan.train_seconds  # start, validation, checkpoints
-            seconds = min(plan.train_seconds, left - plan.after_train - overhead)
-            limit = int(seconds + overhead)
+            seconds = min(plan.train_seconds, left - plan.after_train - plan.train_overhead)
+            limit = min(int(seconds) + plan.train_overhead + 60, plan.limits["train"], left)
         if limit < 5 or (seconds is not None and seconds < 1):
             report["steps"][name] = {"status": "not run", "why": "the run's deadline was reached"}
         else:

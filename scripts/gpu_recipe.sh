@@ -32,6 +32,13 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 source scripts/gpu_wheels.sh   # download_wheels, install_wheels
 
+squeeze() {   # SRC (text, or .gz) -> DEST.xz, unless DEST is newer than SRC
+    local src=$1 dest=$2
+    [ "$dest" -nt "$src" ] && return
+    case "$src" in *.gz) gzip -dc "$src" ;; *) cat "$src" ;; esac | xz -9 > "$dest.tmp"
+    mv "$dest.tmp" "$dest"
+}
+
 pack() {
     local shared=../shared/data dest=.gpu/recipe
     local data=$dest/data
@@ -40,10 +47,10 @@ pack() {
     download_wheels "$dest/wheels" --no-ct2
     download_wheels .gpu/recipe_ct2 --only-ct2
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/gpu_recipe.py --vocab "$data/spm.model"
-    local lang
-    for lang in it en; do   # four xz processes: a few minutes
-        (gzip -dc "$shared/europarl/train.$lang.gz" | xz -9 > "$data/europarl/train.$lang.xz") &
-        xz -9 -c "$shared/tatoeba/train.$lang" > "$data/tatoeba/train.$lang.xz" &
+    local lang   # xz -9, four processes: minutes; a file packed before from the same source is kept
+    for lang in it en; do
+        squeeze "$shared/europarl/train.$lang.gz" "$data/europarl/train.$lang.xz" &
+        squeeze "$shared/tatoeba/train.$lang" "$data/tatoeba/train.$lang.xz" &
     done
     wait
     install -m 644 "$shared"/europarl/dev.{it,en} "$data/europarl/"
