@@ -11,22 +11,24 @@
 #
 # The GPU machine has no network, its own python3 with PyTorch, and only what travels with
 # the work tree: at most 64 MiB beyond the repository. Europarl's gzip files alone are 65 MB,
-# so --pack writes into the git-ignored .gpu/recipe/ (about 47 MB, printed at the end):
-#   wheels/   what that image lacks (scripts/gpu_wheels.sh) without ctranslate2, whose 43 MB
-#             wheel does not fit beside the corpus; installed into /tmp at start
-#   data/europarl/train.{it,en}.xz, data/tatoeba/train.{it,en}.xz
+# so --pack writes into the git-ignored .gpu/recipe/ 47.3 MB (45.1 MiB; measured 2026-11-27,
+# printed at the end), beside a work tree of 3.8 MB:
+#   wheels/   1.5 MB: what that image lacks (scripts/gpu_wheels.sh) without ctranslate2, whose
+#             43 MB wheel does not fit beside the corpus; installed into /tmp at start
+#   data/europarl/train.{it,en}.xz (41.5 MB), data/tatoeba/train.{it,en}.xz (2.5 MB)
 #             the shared training text recompressed with xz -9 (the pipeline reads .xz as it
-#             reads .gz): 65 MB of gzip become about 41, Tatoeba's 19 MB of text about 4
+#             reads .gz): Europarl's 65 MB of gzip, Tatoeba's 19 MB of plain text
 #   data/{europarl,tatoeba}/dev.{it,en}, data/eval/{tatoeba-test,europarl-test,flores200-devtest}.{it,en}
-#             copied as they are (1.9 MB)
+#             2.2 MB, copied as they are
 #   data/spm.model
-#             the recipe's vocabulary, trained here by preparing the corpus once
+#             0.1 MB: the recipe's vocabulary, trained here by preparing the corpus once
 #             (data/cache, minutes): the GPU machine only cleans and encodes (data.tokenizer)
 # and beside it .gpu/recipe_ct2/, ctranslate2's wheel alone, for the int8 export in a second
-# call on the same machine while it is warm (its work folder /tmp/gpu_recipe is kept).
-# With the device tool:
+# call on the same machine while it is warm (30 s after a call): /tmp/gpu_recipe and the
+# first call's .gpu/recipe are still there, and the two folders together (90 MB) would not
+# travel in one call. With the device tool:
 #   run(command="scripts/gpu_recipe.sh", carry=[".gpu/recipe"], timeout_s=600)
-#   run(command="scripts/gpu_recipe.sh --steps export", carry=[".gpu/recipe", ".gpu/recipe_ct2"], timeout_s=300)
+#   run(command="scripts/gpu_recipe.sh --steps export", carry=[".gpu/recipe_ct2"], timeout_s=300)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
