@@ -76,3 +76,20 @@ def test_the_gpu_mode_refuses_a_machine_without_cuda(tmp_path):
                           env={**env(), "PYTHON": "python"})
     assert proc.returncode == 2 and "no CUDA device here" in proc.stderr
     assert not (tmp_path / "gpu_recipe.json").exists()
+
+
+def test_the_package_imports_ctranslate2_only_where_it_exports():
+    """The recipe's first call carries no ctranslate2 (its wheel and the corpus do not fit
+    64 MiB together): no module may import it at module level, or every step would fail
+    there at its first import; the export step imports it when it runs, or says skipped."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "transformer").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [path.name for name in names if name.split(".")[0] == "ctranslate2"]
+    assert not found
+    wheels = (ROOT / "scripts" / "gpu_wheels.sh").read_text()
+    assert "--no-ct2) ct2= ;;" in wheels and "--no-ct2" in SCRIPT.read_text()
