@@ -295,7 +295,13 @@ def step_data(plan: Plan, work: Path, overrides: list[str]) -> dict:
     t0 = time.monotonic()
     prepared = prepare_data(compose(overrides).data)
     splits = prepared.stats.get("splits", {})
-    return {"prepare_seconds": round(time.monotonic() - t0, 1), "reused": prepared.from_cache,
+    import torch
+
+    from transformer.device import describe_cpu
+
+    machine = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+               "cpu": describe_cpu(), "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__}
+    return {"machine": machine, "prepare_seconds": round(time.monotonic() - t0, 1), "reused": prepared.from_cache,
             "vocab_size": prepared.tokenizer.vocab_size, "pairs": dict(prepared.sizes),
             "target_tokens": {k: v["tgt_tokens"] for k, v in splits.items() if k.startswith("train")},
             "phases_seconds": prepared.stats.get("seconds")}
