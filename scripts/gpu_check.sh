@@ -20,35 +20,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+source scripts/gpu_wheels.sh   # download_wheels, install_wheels
 
 pack() {
     local shared=../shared/data wheels=.gpu/wheels data=.gpu/data
     [ -d "$shared/tatoeba" ] || { echo "gpu_check.sh --pack: $shared/tatoeba not found" >&2; exit 2; }
-    mkdir -p "$wheels" "$data/tatoeba" "$data/eval"
-    rm -f "$wheels"/*.whl   # .gpu/ is this script's own folder
-    local platform=(--python-version 3.12 --implementation cp --only-binary=:all:
-                    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
-                    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
-    "$PYTHON" -m pip download -q --no-deps "${platform[@]}" -d "$wheels" \
-        hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-        fsspec==2026.9.0 ctranslate2==4.8.5 sentence-splitter==1.4
-    "$PYTHON" -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w "$wheels"  # an sdist only
+    mkdir -p "$data/tatoeba" "$data/eval"
+    download_wheels "$wheels"   # scripts/gpu_wheels.sh
     gzip -c "$shared/tatoeba/train.it" > "$data/tatoeba/train.it.gz"
     gzip -c "$shared/tatoeba/train.en" > "$data/tatoeba/train.en.gz"
     install -m 644 "$shared"/tatoeba/dev.{it,en} "$data/tatoeba/"
     install -m 644 "$shared"/eval/tatoeba-test.{it,en} "$data/eval/"
     du -sh .gpu
-}
-
-install_wheels() {
-    # Into a folder of its own, ahead of the image's packages on PYTHONPATH.
-    local site=/tmp/gpu_check_site
-    if ls .gpu/wheels/*.whl >/dev/null 2>&1 && [ ! -d "$site" ]; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$site" .gpu/wheels/*.whl
-    fi
-    export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    export PATH="$site/bin:$PATH"
 }
 
 case "${1:-}" in
@@ -57,7 +40,7 @@ case "${1:-}" in
     *)  if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
             echo "gpu_check: no CUDA device here; run it on a GPU machine, or with --cpu" >&2; exit 2
         fi
-        install_wheels
+        install_wheels .gpu/wheels /tmp/gpu_check_site
         export PYTHONUNBUFFERED=1
         exec "$PYTHON" scripts/gpu_check.py "$@" ;;
 esac
