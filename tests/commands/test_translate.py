@@ -20,7 +20,7 @@ from transformer.config import DecodeConfig
 from transformer.data.batching import length_batches
 from transformer.data.corpus import read_lines
 from transformer.decoding import text as decoding
-from transformer.inspect.attention_plots import cross_attention, plot_alignment
+from transformer.inspection.attention_plots import cross_attention, plot_alignment
 from transformer.model.transformer import build_model
 from transformer.paths import PROJECT_ROOT
 

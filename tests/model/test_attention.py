@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.inspect.mask_inspector import masking_methods
+from transformer.inspection.mask_inspector import masking_methods
 from transformer.model.attention import KVCache, MultiHeadAttention, attention_weights
 
 B, H, T, S, D = 2, 4, 5, 6, 16

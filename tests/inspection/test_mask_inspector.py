@@ -1,4 +1,4 @@
-"""mt-masks (inspect/mask_inspector.py, commands/masks.py): the manual's masks (docs/masks.md) are what the command
+"""mt-masks (inspection/mask_inspector.py, commands/masks.py): the manual's masks (docs/masks.md) are what the command
 prints and what masks.py builds; recorded weights obey their masks; the three maskings and
 the empty row behave as the README says; PyTorch's masks are the opposite polarity; the
 command runs with and without a checkpoint and refuses a mistake in one line.
@@ -22,7 +22,7 @@ from torch import nn
 from transformer.checkpoint import load_model
 from transformer.commands import masks as masks_command
 from transformer.config import ConfigError, to_dataclass
-from transformer.inspect.mask_inspector import (
+from transformer.inspection.mask_inspector import (
     KINDS,
     WhitespaceTokenizer,
     check_weights,
