@@ -28,13 +28,13 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from transformer.bounds import check_decode_memory
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import length_batches, pad
 from transformer.data.corpus import normalize
 from transformer.data.sentences import Segments, join_texts, segment
 from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.batch_memory import check_decode_memory
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.search import search
 from transformer.device import (
