@@ -47,7 +47,7 @@ from transformer.device import (
 log = logging.getLogger(__name__)
 
 # Measured on the small model: on a CPU, batches of 2,000 source tokens decode greedy and
-# beam 5 about 1.16x faster than 8,000 (README, "Decoding speed").
+# beam 5 about 1.16x faster than 8,000 (docs/performance.md, "Decoding speed").
 CPU_MAX_TOKENS, CUDA_MAX_TOKENS = 2000, 8000
 
 
