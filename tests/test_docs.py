@@ -246,3 +246,30 @@ def test_every_cited_readme_or_manual_section_exists():
         broken += [f"{path.relative_to(PROJECT_ROOT).as_posix()}: {b}" for b in broken_citations(path, text)]
     assert found > 30  # the patterns still see the project's citations (47 when written)
     assert broken == []
+
+
+def layout_tree() -> dict[str, set[str]]:
+    """docs/installation.md's tree of transformer/: each folder's modules as it names them
+    ("" for the shared modules at the top, named with their `.py`)."""
+    text = (PROJECT_ROOT / "docs" / "installation.md").read_text(encoding="utf-8")
+    block = re.search(r"```text\ntransformer/\n(.*?)\ntests/", text, re.DOTALL).group(1)
+    tree: dict[str, set[str]] = {}
+    folder = ""
+    for line in block.splitlines():
+        names = re.split(r"\s{2,}layer \d", line)[0].lstrip("├└│─ ")
+        if opened := re.match(r"(\w+)/\s+(.*)", names):
+            folder, names = opened.groups()
+        elif ".py" in names:
+            folder = ""
+        tree.setdefault(folder, set()).update(re.findall(r"\w+(?=\.py)" if not folder else r"\w+", names))
+    return tree
+
+
+def test_the_installation_pages_tree_names_every_module_and_no_other():
+    """The tree in docs/installation.md, "Layout" is the package's: a module added, moved or
+    renamed without the page fails here (it once lacked `translator.py`)."""
+    package = PROJECT_ROOT / "transformer"
+    real = {"": {p.stem for p in package.glob("*.py")} - {"__init__"}}
+    for init in package.glob("*/__init__.py"):
+        real[init.parent.name] = {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
+    assert layout_tree() == real
