@@ -262,7 +262,8 @@ def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
             for i, hyps in enumerate(nbest) for text, score in hyps]
 
 
-def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None):
+def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None
+                       ) -> tuple[torch.nn.Module | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
     threads: CPU threads (torch's for a checkpoint; for an export on a CPU, that many
