@@ -15,7 +15,7 @@ encoding, batching, searching, decoding), after a warm-up on its first 50 senten
 Prints the CPU, each model directory's size, then per run sentences/s, sacrebleu's
 default BLEU and the share of lines identical to our model's, and last the issue's
 target: CTranslate2 int8 beam 5 at least 2x our beam 5 in sentences/s, BLEU within 0.5.
-On a shared machine set OMP_WAIT_POLICY=PASSIVE (README, "Training speed").
+On a shared machine set OMP_WAIT_POLICY=PASSIVE (docs/performance.md, "OMP_WAIT_POLICY").
 """
 
 from __future__ import annotations

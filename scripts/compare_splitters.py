@@ -13,7 +13,7 @@ package loads it, without and with the project's prefixes as tokenizer special c
    numbers (`3.5`, `1.000`), quotes, ellipses, question and exclamation marks, whose right
    split is written by hand: how many each candidate splits exactly so.
 2. Joined dev sets: consecutive lines of europarl/dev, tatoeba/dev and FLORES-200 devtest
-   joined 2 to 5 at a time (`transformer.data.paragraphs`, seed 0): the share of joins found
+   joined 2 to 5 at a time (`scripts/paragraphs.py`, seed 0): the share of joins found
    again (recall), the share of paragraphs split exactly into their lines, and the cuts
    made inside a line per 100 lines (some right: a Tatoeba line can hold two sentences).
 3. Speed: paragraphs per second (one thread; whatever the CPU), and the share of
@@ -30,9 +30,10 @@ from pathlib import Path
 
 from transformer.config import DataConfig
 from transformer.data.corpus import read_lines
-from transformer.data.paragraphs import join_groups, paragraph_groups
 from transformer.device import describe_cpu
 from transformer.paths import project_path
+
+from paragraphs import join_groups, paragraph_groups
 
 # (text, its sentences)
 CASES: list[tuple[str, list[str]]] = [

@@ -6,7 +6,7 @@ beside the same sentences translated one by one; and sentence-level test sets, o
         --sentence-sets flores200-devtest europarl-test tatoeba-test --method beam
 
 Paragraph sets: consecutive lines of a dev or test set joined 2 to 5 at a time
-(`transformer.data.paragraphs`, seed 0), one paragraph a line, references joined the same way.
+(`scripts/paragraphs.py`, seed 0), one paragraph a line, references joined the same way.
 Each is translated three ways and scored against the joined references with sacrebleu's
 defaults: (1) sentence by sentence, each line of the set alone, the outputs joined as the
 paragraphs were (decode.split_sentences=false); (2) the paragraphs with
@@ -38,12 +38,13 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU, CHRF
 
 from transformer.config import DataConfig, DecodeConfig
-from transformer.data.paragraphs import join_groups, paragraph_groups
 from transformer.data.pipeline import load_test_set
 from transformer.data.sentences import split_sentences
 from transformer.decoding.text import load_for_inference, translate_lines
 from transformer.device import describe_cpu
 from transformer.paths import project_path
+
+from paragraphs import join_groups, paragraph_groups
 
 # name -> (source file, reference file) under data.root
 PARAGRAPH_SETS = {

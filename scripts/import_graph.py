@@ -39,7 +39,7 @@ LAYERS: dict[str, int] = {
     "transformer.decoding": 3,    # search, text in and text out, a CTranslate2 model, Translator
     "transformer.training": 4,    # the loop, validation, loss, optimizer, run directory, sweeps
     "transformer.deploy": 4,      # CTranslate2 conversion, Argos packages, fair serving
-    "transformer.inspect": 4,     # masks and attention as pictures, learning curves
+    "transformer.inspection": 4,  # masks and attention as pictures, learning curves
     "transformer.commands": 5,    # the mt-* entry points
 }
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.inspect.attention_plots import cross_attention, plot_alignment
+from transformer.inspection.attention_plots import cross_attention, plot_alignment
 
 
 def main(argv: list[str] | None = None) -> None:

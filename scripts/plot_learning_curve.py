@@ -8,7 +8,7 @@ several runs compared (dev BLEU and NLL, one colour per run).
 
 import argparse
 
-from transformer.inspect.learning_curves import plot_learning_curves, plot_run_comparison
+from transformer.inspection.learning_curves import plot_learning_curves, plot_run_comparison
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

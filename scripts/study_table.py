@@ -30,7 +30,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from transformer.checkpoint import load_meta, step_checkpoints
-from transformer.inspect.learning_curves import dev_sets, read_scalars
+from transformer.inspection.learning_curves import dev_sets, read_scalars
 
 # (column, path in config.yaml): the settings the prose study searches
 SETTINGS = [

@@ -1,4 +1,4 @@
-"""Run by tests/commands/test_train.py under torchrun: train, then dump this rank's parameters."""
+"""Run by tests/training/test_distributed.py under torchrun: train, then dump this rank's parameters."""
 
 import sys
 from pathlib import Path

@@ -1,17 +1,22 @@
-"""Checkpoints written before a ModelConfig key was renamed still load."""
+"""Checkpoints written before a ModelConfig key was renamed still load; a missing or
+corrupt checkpoint is a clear error naming the file."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
+from transformer import checkpoint as ckpt
 from transformer.checkpoint import load_model, load_model_config, save_checkpoint
 from transformer.config import ModelConfig
 from transformer.data.corpus import read_lines
 from transformer.data.tokenizer import train_tokenizer
 from transformer.model.transformer import build_model
 from transformer.paths import PROJECT_ROOT
+
+from helpers import run
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 
@@ -29,3 +34,16 @@ def test_a_model_json_with_the_old_max_len_key_loads(tmp_path):
     loaded, _ = load_model(path)
     for k, v in model.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k
+
+
+def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint directory"):
+        ckpt.load_model(tmp_path / "nowhere")
+    run(tmp_path / "run", "trainer.max_steps=2")
+    path = ckpt.step_checkpoints(tmp_path / "run")[-1]
+    (path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ckpt.CheckpointError, match=r"model\.safetensors"):
+        ckpt.load_model(path)
+    (path / "trainer_state.pt").write_bytes(b"garbage")
+    with pytest.raises(ckpt.CheckpointError, match=r"trainer_state\.pt"):
+        ckpt.load_trainer_state(path)

@@ -1,6 +1,7 @@
 """The README and the manual stay true: every `mt-*` command they show composes into a
-valid config (a renamed key fails here, not in a user's terminal), and every link from
-the README into the repository points at a file that exists."""
+valid config (a renamed key fails here, not in a user's terminal), every link from
+the README into the repository points at a file that exists, and every README or manual
+section that a comment, docstring, config or page cites is there."""
 
 from __future__ import annotations
 
@@ -159,3 +160,116 @@ def test_every_page_is_in_the_sites_navigation():
     nav = (PROJECT_ROOT / "mkdocs.yml").read_text()
     for page in (PROJECT_ROOT / "docs").rglob("*.md"):
         assert page.relative_to(PROJECT_ROOT / "docs").as_posix() in nav, page
+
+
+# -- every README or manual section that a comment, docstring, config or page cites is there --
+
+# `README "Training speed"`, `(README, "Training speed")`, `docs/performance.md "Decoding speed"`,
+# `(docs/training.md, "Checking a GPU")`: a page, then a quoted heading (or its start) or a
+# paragraph's bold lead (`**Speed and BLEU**`).
+CITED_SECTION = re.compile(r'(?<![\w/.-])(README(?:\.md)?|(?:[\w-]+/)*[\w-]+\.md)(?:,\s*|\s+)"([^"\n]+)"')
+# `docs/results.md#on-a-gpu`, `](training.md#checking-a-gpu-scriptsgpu_checksh)`: a heading's anchor
+CITED_ANCHOR = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.md)#([\w-]+)")
+CITING = sorted({*PAGES, *(PROJECT_ROOT / "transformer").rglob("*.py"), *(PROJECT_ROOT / "scripts").glob("*.*"),
+                 *(PROJECT_ROOT / "tests").rglob("*.py"), *CONFIG_DIR.rglob("*.yaml")}
+                - {Path(__file__).resolve()})
+
+
+def _plain(text: str) -> str:
+    """Markdown's inline marks dropped (code, bold, links), whitespace collapsed."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return " ".join(text.replace("`", "").replace("**", "").split())
+
+
+def sections(page: Path) -> tuple[list[str], set[str]]:
+    """A page's headings and bold paragraph leads (plain text), and its headings' anchors
+    (as MkDocs makes them); fenced code is left out."""
+    from markdown.extensions.toc import slugify
+
+    titles, anchors, fenced = [], set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            continue
+        elif heading := re.match(r"#{1,6}\s+(.*)", line):
+            titles.append(_plain(heading.group(1)))
+            anchors.add(slugify(_plain(heading.group(1)), "-"))
+        elif lead := re.match(r"\s*(?:[-*]\s+|\d+\.\s+)?\*\*(.+?)\*\*", line):
+            titles.append(_plain(lead.group(1)))
+    return titles, anchors
+
+
+def cited_page(citing: Path, name: str) -> Path | None:
+    """The page a citation names: README is the project's; a path is the citing page's
+    neighbour (a link between pages of the manual) or the project's."""
+    if name in ("README", "README.md"):
+        return PROJECT_ROOT / "README.md"
+    for base in (citing.parent, PROJECT_ROOT, PROJECT_ROOT / "docs"):
+        if (base / name).is_file():
+            return base / name
+    return None
+
+
+def broken_citations(citing: Path, text: str) -> list[str]:
+    broken = []
+    for name, section in CITED_SECTION.findall(text):
+        page = cited_page(citing, name)
+        if page is None or not any(_plain(section) in title for title in sections(page)[0]):
+            broken.append(f'{name}, "{section}"')
+    for name, anchor in CITED_ANCHOR.findall(text):
+        page = cited_page(citing, name)
+        if page is None or anchor not in sections(page)[1]:
+            broken.append(f"{name}#{anchor}")
+    return broken
+
+
+def test_the_citation_check_tells_a_moved_section_from_a_live_one():
+    here = PROJECT_ROOT / "transformer" / "device.py"
+    assert broken_citations(here, '(README, "Training speed")') == ['README, "Training speed"']  # moved to docs/
+    assert broken_citations(here, 'docs/performance.md "OMP_WAIT_POLICY" and (docs/masks.md, "Why add −∞ to '
+                                  'the scores")') == []  # a bold lead; a heading's start
+    assert broken_citations(here, "docs/training.md#checking-a-gpu-scriptsgpu_checksh") == []
+    assert broken_citations(here, "docs/training.md#checking-a-gpu") == ["docs/training.md#checking-a-gpu"]
+    assert broken_citations(here, 'docs/nowhere.md, "Layout"') == ['docs/nowhere.md, "Layout"']
+    assert broken_citations(PROJECT_ROOT / "docs" / "results.md", "](training.md#checking-a-gpu-scriptsgpu_checksh)") == []
+
+
+def test_every_cited_readme_or_manual_section_exists():
+    """A comment, docstring, config or page that cites `README "X"`, `docs/page.md, "X"`
+    or `docs/page.md#x` points at a heading (or a bold paragraph lead) that is there: a
+    section that moves or is renamed fails here, not in a reader's search."""
+    found, broken = 0, []
+    for path in CITING:
+        text = path.read_text(encoding="utf-8")
+        found += len(CITED_SECTION.findall(text)) + len(CITED_ANCHOR.findall(text))
+        broken += [f"{path.relative_to(PROJECT_ROOT).as_posix()}: {b}" for b in broken_citations(path, text)]
+    assert found > 30  # the patterns still see the project's citations (47 when written)
+    assert broken == []
+
+
+def layout_tree() -> dict[str, set[str]]:
+    """docs/installation.md's tree of transformer/: each folder's modules as it names them
+    ("" for the shared modules at the top, named with their `.py`)."""
+    text = (PROJECT_ROOT / "docs" / "installation.md").read_text(encoding="utf-8")
+    block = re.search(r"```text\ntransformer/\n(.*?)\ntests/", text, re.DOTALL).group(1)
+    tree: dict[str, set[str]] = {}
+    folder = ""
+    for line in block.splitlines():
+        names = re.split(r"\s{2,}layer \d", line)[0].lstrip("├└│─ ")
+        if opened := re.match(r"(\w+)/\s+(.*)", names):
+            folder, names = opened.groups()
+        elif ".py" in names:
+            folder = ""
+        tree.setdefault(folder, set()).update(re.findall(r"\w+(?=\.py)" if not folder else r"\w+", names))
+    return tree
+
+
+def test_the_installation_pages_tree_names_every_module_and_no_other():
+    """The tree in docs/installation.md, "Layout" is the package's: a module added, moved or
+    renamed without the page fails here (it once lacked `translator.py`)."""
+    package = PROJECT_ROOT / "transformer"
+    real = {"": {p.stem for p in package.glob("*.py")} - {"__init__"}}
+    for init in package.glob("*/__init__.py"):
+        real[init.parent.name] = {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
+    assert layout_tree() == real

@@ -114,6 +114,21 @@ def test_every_subpackage_imports_only_what_its_docstring_allows():
             assert f"`{other}`" in allowed, f"{package} imports {other}; its docstring does not allow it"
 
 
+def test_no_module_or_folder_takes_a_standard_library_name():
+    """`python transformer/bounds.py` puts `transformer/` first on `sys.path`, so a module
+    or folder there named like one of the standard library's hides it from everything
+    imported after (a `transformer/inspect/` broke `typing_extensions`, which torch
+    imports: `module 'inspect' has no attribute 'signature'`). Likewise in tests/ and
+    scripts/, whose files are run by path."""
+    taken = []
+    for top in (PACKAGE, ROOT / "tests", ROOT / "scripts"):
+        for folder in [top, *(p for p in top.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+            names = {p.stem for p in folder.glob("*.py")}
+            names |= {p.name for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__"}
+            taken += [f"{folder.relative_to(ROOT).as_posix()}/{n}" for n in sorted(names & sys.stdlib_module_names)]
+    assert taken == []
+
+
 def test_no_class_is_longer_than_200_lines():
     """A class is read in one sitting; what a long one does beside its job goes to small
     collaborators it calls. Fails for `Trainer` (training/trainer.py, 322 lines) until the

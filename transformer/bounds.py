@@ -1,13 +1,14 @@
-"""Bounds on the settings that could exhaust the machine, and decoding's memory estimate.
+"""Bounds on the settings that could exhaust the machine, and the memory free for them.
 
 A setting past its bound is refused before any work, naming its key (the `validate` of
 each config class calls these): `decode.beam_size` at most MAX_BEAM_SIZE; worker
 processes and threads (`data.num_proc`, `trainer.num_threads`, `threads`) at most the
 CPU cores this process may use; lengths (`model.max_positions`, `data.max_len`) at most
 MAX_POSITIONS. Within those, a decoding batch can still ask for more memory than the
-machine has (beam 128 over a batch of 2,000 one-token sentences is 256,000 rows of a
-vocabulary-sized score vector): `check_decode_memory` estimates the largest batch's
-need and refuses it, in one line, where it exceeds the memory free now.
+machine has: `available_memory` is what is free now, and decoding's own estimate of a
+batch's need, which refuses one that would not fit, is in
+`transformer/decoding/batch_memory.py` (it needs the typed configs, which this layer-0
+module, imported by `config`, may not import).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import os
 from pathlib import Path
 
 import torch
-
-from transformer.errors import ConfigError
 
 MAX_BEAM_SIZE = 128  # fairseq and OpenNMT-py recipes use 4-12; past ~50 BLEU only drops
 MAX_POSITIONS = 16384  # rows of the positional table: longer is a typo, not a model
@@ -55,46 +54,3 @@ def available_memory(device: torch.device) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def decode_batch_bytes(model_cfg, n_sentences: int, src_len: int, beam: int, max_len: int,
-                       act_bytes: int) -> int:
-    """An upper estimate of what one decoding batch allocates beyond the weights:
-    R = sentences x beam rows, each with its scores over the vocabulary (logits,
-    log-softmax and the top-k's copy, in fp32), a key and a value per decoder layer for
-    each of its up to `max_len` output tokens (self-attention cache) and `src_len`
-    source tokens (cross-attention cache, fanned out per beam), and the encoder output."""
-    rows = n_sentences * beam
-    d, layers = model_cfg.d_model, model_cfg.n_decoder_layers
-    scores = 3 * model_cfg.vocab_size * 4
-    caches = layers * 2 * (max_len + src_len) * d * act_bytes
-    return rows * (scores + caches + src_len * d * act_bytes)
-
-
-def check_decode_memory(model_cfg, batches: list[list[int]], cfg, device: torch.device) -> None:
-    """Refuse (ConfigError) decoding whose largest batch would need more memory than is free.
-
-    batches: the source lengths of each decoding batch; cfg: the resolved DecodeConfig."""
-    free = available_memory(device)
-    if free is None or not batches:
-        return
-    beam = cfg.beam_size if cfg.method == "beam" else 1
-    act_bytes = 2 if cfg.precision in ("bf16", "fp16") else 4
-    limit = model_cfg.max_positions - 1
-
-    def need(lengths: list[int]) -> int:
-        longest = max(lengths)
-        max_len = min(limit, max(cfg.min_len, int(cfg.max_len_a * longest + cfg.max_len_b)))
-        return decode_batch_bytes(model_cfg, len(lengths), longest, beam, max_len, act_bytes)
-
-    worst = max(batches, key=need)
-    if need(worst) > free:
-        raise ConfigError(
-            f"decode.beam_size={cfg.beam_size} with decode.max_tokens={cfg.max_tokens}: a decoding "
-            f"batch of {len(worst)} sentences x beam {beam} would need about {_gb(need(worst))} of "
-            f"memory, and {_gb(free)} is free on {device.type}: lower decode.beam_size or "
-            "decode.max_tokens")
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"

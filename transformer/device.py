@@ -145,7 +145,7 @@ def cpu_bf16_support() -> tuple[bool, str]:
     Native: AMX or AVX512-BF16 on x86 (Intel Sapphire Rapids and later, AMD Zen 4 and
     later), the BF16 extension on Arm. Without them torch's CPU autocast emulates bf16,
     which is not faster than fp32 but far slower: ~32x per training step of the small
-    model on an AVX2-only AMD EPYC (Zen 3), measured (README, "Errors and recovery").
+    model on an AVX2-only AMD EPYC (Zen 3), measured (docs/training.md, "Mixed precision").
     """
     flags = _cpu_flags()
     try:

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -332,3 +333,19 @@ def _text_sha256(text: str) -> str:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so concurrent ranks never read half a file.
+
+    For the files the package writes for itself (a tokenizer model, the prepared-data
+    cache's notes), which `check` does not guard; a command's outputs go by `write_file`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

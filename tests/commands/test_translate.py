@@ -1,27 +1,21 @@
-"""mt-translate and translate_lines on a tiny random checkpoint built in tmp_path."""
+"""mt-translate on a tiny random checkpoint built in tmp_path: files, stdin, n-best lines,
+and one-line errors. (translate_lines itself: tests/decoding/test_text.py.)"""
 
 from __future__ import annotations
 
 import io
-import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from transformer import device as device_module
-from transformer.checkpoint import load_meta, load_model, save_checkpoint
+from transformer.checkpoint import load_model
 from transformer.commands import translate
-from transformer.commands.average import main as average_main
 from transformer.config import DecodeConfig
-from transformer.data.batching import length_batches
 from transformer.data.corpus import read_lines
 from transformer.decoding import text as decoding
-from transformer.inspect.attention_plots import cross_attention, plot_alignment
-from transformer.model.transformer import build_model
 from transformer.paths import PROJECT_ROOT
 
 from helpers import tiny_checkpoint
@@ -46,62 +40,6 @@ def run_main(monkeypatch, *overrides: str) -> None:
     """Call mt-translate's Hydra main in this process, as the console script would."""
     monkeypatch.setattr(sys, "argv", ["mt-translate", *overrides])
     translate.main()
-
-
-def test_translate_lines_keeps_order_and_empty_lines(loaded):
-    model, tokenizer = loaded
-    cfg = DecodeConfig(**FAST, max_tokens=12)  # several batches, sorted by length
-    out = decoding.translate_lines(model, tokenizer, LINES, cfg)
-    assert len(out) == len(LINES)
-    assert out[1] == "" and out[3] == ""
-    alone = [decoding.translate_lines(model, tokenizer, [line], cfg)[0] for line in LINES]
-    assert out == alone
-    assert all(out[i] for i in (0, 2, 4, 5))
-
-
-def test_translate_lines_restores_training_mode(loaded):
-    model, tokenizer = loaded
-    model.train()
-    decoding.translate_lines(model, tokenizer, LINES[:1], DecodeConfig(**FAST))
-    assert model.training
-    model.eval()
-
-
-def test_too_long_input_is_translated_in_pieces_with_a_warning(loaded, caplog):
-    model, tokenizer = loaded
-    long_line = " ".join(["Ci vediamo martedì alle due"] * 20)  # one sentence > max_len = 32 tokens
-    with caplog.at_level(logging.WARNING):
-        out = decoding.translate_lines(model, tokenizer, [long_line], DecodeConfig(**FAST))
-    assert len(out) == 1 and out[0]
-    assert "1 input line(s) hold a sentence longer than the model's limit of 32 tokens" in caplog.text
-
-
-def test_decode_defaults_depend_on_the_device(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")  # no CUDA needed: capabilities mocked
-    monkeypatch.setattr(device_module, "cpu_bf16_support", lambda: (False, "AVX2 only"))
-    monkeypatch.setattr(device_module, "cuda_bf16_support", lambda device: (True, "a GPU"))
-    settings = decoding.decode_settings
-    assert settings(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="fp32")
-    assert settings(DecodeConfig(), cuda) == DecodeConfig(max_tokens=8000, precision="bf16")
-    monkeypatch.setattr(device_module, "cpu_bf16_support", lambda: (True, "AVX512-BF16"))
-    assert settings(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="bf16")
-    monkeypatch.setattr(device_module, "cuda_bf16_support", lambda device: (False, "an old GPU"))
-    assert settings(DecodeConfig(), cuda).precision == "fp16"
-    given = DecodeConfig(max_tokens=123, precision="fp32")
-    assert settings(given, cuda) == given
-    with pytest.raises(ValueError, match=r"decode.max_tokens=0: must be >= 1 \(or null\)"):
-        settings(DecodeConfig(max_tokens=0), cpu)
-    with pytest.raises(ValueError, match=r"decode.precision=fp16 needs CUDA"):
-        settings(DecodeConfig(precision="fp16"), cpu)
-
-
-def test_length_batches_respect_max_tokens_and_cover_every_line():
-    lengths = [5, 1, 9, 3, 3, 7, 2, 20]
-    batches = length_batches(lengths, max_tokens=10)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for b in batches:
-        longest = max(lengths[i] for i in b)
-        assert len(b) * longest <= 10 or len(b) == 1
 
 
 def test_cli_file_in_file_out_keeps_lines(checkpoint, loaded, tmp_path, monkeypatch):
@@ -168,41 +106,3 @@ def test_cli_corrupt_checkpoint_is_one_clear_error(checkpoint, tmp_path):
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"mt-translate: error: corrupt weights {bad}")
     assert "Traceback" not in proc.stderr
-
-
-def test_averaged_checkpoint_holds_the_mean_weights_and_translates(loaded, tmp_path, capsys):
-    # Checkpoint averaging (transformer/commands/average.py): three step checkpoints of a run.
-    model, tokenizer = loaded
-    states = []
-    for step, seed in [(100, 1), (200, 2), (300, 3)]:
-        torch.manual_seed(seed)
-        m = build_model(model.cfg)
-        states.append(m.state_dict())
-        save_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{step}", m, tokenizer,
-                        f"seed: {seed}\n", {"step": step}, trainer_state={"step": step})
-    out = tmp_path / "avg"
-    average_main([str(tmp_path / "run"), "--last", "2", "-o", str(out)])
-    avg, _ = load_model(out)
-    for k, v in avg.state_dict().items():
-        torch.testing.assert_close(v, (states[1][k] + states[2][k]) / 2)
-    assert avg.src_embed.weight is avg.out_proj.weight  # still tied
-    assert load_meta(out)["step"] == 300 and not (out / "trainer_state.pt").exists()
-    assert (out / "config.yaml").read_text() == "seed: 3\n"
-    assert "averaged 2 checkpoints (step_200, step_300)" in capsys.readouterr().out
-    assert decoding.translate_lines(avg, tokenizer, LINES[:1], DecodeConfig(**FAST))[0]
-    with pytest.raises(SystemExit, match="fewer than --last 4"):
-        average_main([str(tmp_path / "run"), "--last", "4", "-o", str(out)])
-
-
-def test_attention_picture_of_a_greedy_translation(loaded, tmp_path):
-    model, tokenizer = loaded
-    sentence = "Ci vediamo martedì alle due."
-    alignment = cross_attention(model, tokenizer, sentence, layer=-1, max_len_a=0, max_len_b=5)
-    assert alignment.src_pieces == tokenizer.pieces(sentence)
-    assert alignment.tgt_pieces[-1] == tokenizer.id_to_piece(tokenizer.eos_id)
-    assert alignment.weights.shape == (len(alignment.tgt_pieces), len(alignment.src_pieces))
-    torch.testing.assert_close(alignment.weights.sum(dim=1), torch.ones(len(alignment.tgt_pieces)))
-    assert alignment.layer == len(model.decoder_layers) - 1
-    assert not model.decoder_layers[-1].cross_attn.store_weights  # switched off again
-    png = plot_alignment(alignment, tmp_path / "attention.png")
-    assert png.read_bytes().startswith(b"\x89PNG")

@@ -8,6 +8,7 @@ import logging
 import random
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -15,11 +16,13 @@ from transformer.checkpoint import load_model
 from transformer.commands import translate
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.data.corpus import normalize
-from transformer.data.paragraphs import join_groups, paragraph_groups
 from transformer.data.sentences import fit, join_texts, segment, split_sentences
 from transformer.decoding import text as decoding
 
 from helpers import sample_tokenizer, tiny_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from paragraphs import join_groups, paragraph_groups  # scripts/ is not a package
 
 FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never stops early
 THREE = ["Il gatto dorme sul divano.", "Domani piove?", "Ci vediamo martedì alle due!"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.inspect.mask_inspector import masking_methods
+from transformer.inspection.mask_inspector import masking_methods
 from transformer.model.attention import KVCache, MultiHeadAttention, attention_weights
 
 B, H, T, S, D = 2, 4, 5, 6, 16
@@ -46,9 +46,10 @@ SCORES = torch.tensor([0.0, -1.0, 5.0])
 KEEP = torch.tensor([1.0, 1.0, 0.0])
 
 
-def test_the_readmes_table_of_the_three_masking_methods():
-    """README "Why add -inf": the rows mt-masks prints (mask_inspector.masking_methods), with
-    the model's way checked against attention.py itself."""
+def test_the_manuals_table_of_the_three_masking_methods():
+    """docs/masks.md, "Why add −∞ to the scores": the rows mt-masks prints
+    (mask_inspector.masking_methods), with the model's way checked against attention.py
+    itself."""
     m = masking_methods(SCORES, KEEP.bool())
     # softmax, then multiply: the pad key held 99% of the weight; what is left sums to 0.009
     # and the real keys keep their tiny unscaled weights

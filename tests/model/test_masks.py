@@ -13,9 +13,9 @@ from transformer.model.masks import causal_mask, real_key_mask, src_key_mask, tg
 from transformer.model.transformer import Transformer
 
 PAD = 0
-# The first pair of the README's batch ("Mi chiamo Luke" / "My name is Luke" beside a longer
-# pair), as batching.collate pads it: the source has no <s>/</s>, the target input is
-# <s> + y. Ids of mt-masks' whitespace vocabulary.
+# The first pair of the batch in docs/masks.md, "Which mask goes where" ("Mi chiamo Luke" /
+# "My name is Luke" beside a longer pair), as batching.collate pads it: the source has no
+# <s>/</s>, the target input is <s> + y. Ids of mt-masks' whitespace vocabulary.
 # [Mi, chiamo, Luke, <pad>, <pad>]
 SRC_IDS = torch.tensor([[4, 5, 6, 0, 0]])
 # [<s>, My, name, is, Luke, <pad>]

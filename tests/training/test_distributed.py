@@ -1,15 +1,23 @@
 """transformer/training/distributed.py: a process outside `torchrun` is a group of one,
-and the RNG states a checkpoint carries give back the same draws after a resume."""
+the RNG states a checkpoint carries give back the same draws after a resume, and two
+gloo processes end with identical parameters."""
 
 from __future__ import annotations
 
 import io
+import os
 import random
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from transformer import checkpoint as ckpt
+from transformer.paths import PROJECT_ROOT
 from transformer.training.distributed import (
     DistInfo,
     launched_by_torchrun,
@@ -18,6 +26,8 @@ from transformer.training.distributed import (
     set_rng_state,
     setup_distributed,
 )
+
+from helpers import DEBUG, shared_cache
 
 TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -81,3 +91,28 @@ def test_restored_rng_states_draw_what_an_uninterrupted_run_would():
     buffer.seek(0)
     set_rng_state(torch.load(buffer, weights_only=True))
     assert _draws() == expected
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (so parallel test runs do not collide)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_gloo_ddp_ends_with_identical_parameters(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(PROJECT_ROOT / "tests" / "ddp_worker.py"), str(tmp_path), *DEBUG, "trainer.max_steps=6",
+           "trainer.val_every=6", f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0, rank1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    assert rank0.keys() == rank1.keys()
+    for k in rank0:
+        assert torch.equal(rank0[k], rank1[k]), k
+    saved = ckpt.step_checkpoints(tmp_path / "run")
+    assert [p.name for p in saved] == ["step_6"]  # rank 0 alone writes checkpoints
+    model, _ = ckpt.load_model(saved[0])
+    for k, v in model.named_parameters():
+        assert torch.equal(v, rank0[k]), k

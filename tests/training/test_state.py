@@ -1,7 +1,8 @@
 """The training state a checkpoint carries: it round-trips through torch.load(weights_only=True)
 and restores weights, optimizer, schedule, scaler, RNGs and position exactly; the format's keys
 stay those older checkpoints have; rotation prunes only this run's own step checkpoints; a
-failed resume changes nothing and an unreadable newest checkpoint falls back to the next."""
+failed resume changes nothing and an unreadable newest checkpoint falls back to the next; a
+resume with another tokenizer is refused."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from transformer.training.optimizer import build_optimizer, build_scheduler
 from transformer.training.run_dir import RunDirError
 from transformer.training.state import Checkpoints, TrainState
 
-from helpers import sample_tokenizer
+from helpers import run, sample_tokenizer
 
 CPU = torch.device("cpu")
 
@@ -135,3 +136,9 @@ def test_ranks_other_than_zero_write_nothing(tmp_path):
     c.is_main = False
     assert c.save("step_1", TrainState(step=1)) is None
     assert not (tmp_path / "run").exists()
+
+
+def test_resuming_with_a_different_vocabulary_is_a_clear_error(tmp_path):
+    run(tmp_path / "run", "trainer.max_steps=2")
+    with pytest.raises(RunDirError, match="tokenizer differs"):
+        run(tmp_path / "run", "trainer.max_steps=4", "trainer.resume=auto", "data.spm_vocab_size=250")

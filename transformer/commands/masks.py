@@ -12,7 +12,7 @@ every attention weight against its mask, (4) one query row masked three ways fro
 model's real scores, (5) an all-padding row: NaN from a naive softmax, zeros from the
 model. Writes a PNG: the attention of one layer (every head and their mean) with masked
 cells hatched, or, without a checkpoint, the masks themselves. The library behind it is
-`transformer.inspect.mask_inspector`; the text and the picture are made here.
+`transformer.inspection.mask_inspector`; the text and the picture are made here.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from transformer.config import ConfigError, DataConfig, DecodeConfig, check_devi
 from transformer.data.pipeline import prepare_data
 from transformer.decoding.ct2_model import is_export, load_export_info
 from transformer.decoding.text import load_for_inference, translate_lines
-from transformer.inspect.attention_plots import plot_attention_grid, plot_masks
-from transformer.inspect.mask_inspector import (
+from transformer.inspection.attention_plots import plot_attention_grid, plot_masks
+from transformer.inspection.mask_inspector import (
     KIND_NAMES,
     KINDS,
     MASK_FUNCTIONS,

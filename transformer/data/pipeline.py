@@ -40,13 +40,9 @@ from transformer.data.clean_split import CleanSplit, clean_corpus
 from transformer.data.corpus import DataError
 from transformer.data.encode_split import ARROW, LengthFilter, SplitWriter
 from transformer.data.mixture import CorpusMixture, mix_sample
-from transformer.data.tokenizer import (
-    TOKENIZER_RECIPE,
-    Tokenizer,
-    atomic_write,
-    load_or_train_tokenizer,
-)
+from transformer.data.tokenizer import TOKENIZER_RECIPE, Tokenizer, load_or_train_tokenizer
 from transformer.data.workers import Workers
+from transformer.outputs import atomic_write
 from transformer.paths import project_path, user_path
 
 log = logging.getLogger(__name__)

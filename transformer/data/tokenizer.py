@@ -14,13 +14,13 @@ import logging
 import os
 import random
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
 
 from transformer.errors import UserError
+from transformer.outputs import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -228,16 +228,3 @@ def load_or_train_tokenizer(
     )
     tokenizer.save(path)
     return tokenizer, path
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so concurrent ranks never read half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

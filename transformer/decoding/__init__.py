@@ -4,7 +4,8 @@
 the path from a user's lines to translations (normalise, split into sentences, encode,
 batch by length, search, decode, rejoin); `ct2_model.py` runs a CTranslate2 export in our
 model's place; `translator.py` is the Python face (`Translator.load(path).translate(lines)`);
-`name_copy.py` the name-copy rate that mt-evaluate and validation report.
+`name_copy.py` the name-copy rate that mt-evaluate and validation report;
+`batch_memory.py` a decoding batch's memory estimate, which refuses one that would not fit.
 
 May import: the top-level modules, `transformer.model`, `transformer.data`; never training,
 deployment or the commands.

@@ -76,7 +76,7 @@ DEFAULT_CPU_THREADS = 2
 # On a CPU the threads run as that many single-threaded workers (CTranslate2's inter_threads)
 # on sub-batches of this many source tokens: on the 2-core AVX2 AMD EPYC, int8 beam 5 on
 # tatoeba-test ran at 326 sentences/s this way, 235 as one 2-thread worker on the same 500-token
-# batches and 214 on 2,000-token ones (README, "Deploying a model").
+# batches and 214 on 2,000-token ones (docs/deploying.md, "Speed and BLEU").
 CPU_SUB_BATCH_TOKENS = 500
 NO_EARLY_EXIT = 1e-6  # a beam length_penalty that turns CTranslate2's early exit off
 

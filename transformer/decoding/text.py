@@ -28,13 +28,13 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from transformer.bounds import check_decode_memory
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import length_batches, pad
 from transformer.data.corpus import normalize
 from transformer.data.sentences import Segments, join_texts, segment
 from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.batch_memory import check_decode_memory
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.search import search
 from transformer.device import (
@@ -47,7 +47,7 @@ from transformer.device import (
 log = logging.getLogger(__name__)
 
 # Measured on the small model: on a CPU, batches of 2,000 source tokens decode greedy and
-# beam 5 about 1.16x faster than 8,000 (README, "Decoding speed").
+# beam 5 about 1.16x faster than 8,000 (docs/performance.md, "Decoding speed").
 CPU_MAX_TOKENS, CUDA_MAX_TOKENS = 2000, 8000
 
 
@@ -262,7 +262,8 @@ def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
             for i, hyps in enumerate(nbest) for text, score in hyps]
 
 
-def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None):
+def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None
+                       ) -> tuple[torch.nn.Module | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
     threads: CPU threads (torch's for a checkpoint; for an export on a CPU, that many

@@ -289,7 +289,8 @@ def check_weights(m: AttentionMap) -> WeightCheck:
 
 @dataclass
 class MaskingMethods:
-    """One query row masked the three ways one meets (README, "Why add -inf"): weights (K,)."""
+    """One query row masked the three ways one meets (docs/masks.md, "Why add −∞ to the
+    scores"): weights (K,)."""
 
     scores: torch.Tensor  # (K,)
     mask: torch.Tensor  # (K,) bool, True = may attend

@@ -3,7 +3,7 @@
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from transformer.inspect.learning_curves import (
+from transformer.inspection.learning_curves import (
     _chain_series,
     dev_sets,
     plot_learning_curves,

@@ -28,7 +28,7 @@ from transformer.config import ConfigError
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import greedy_search
 from transformer.decoding.text import encode_sources
-from transformer.inspect.mask_inspector import (
+from transformer.inspection.mask_inspector import (
     KIND_NAMES,
     KINDS,
     MASK_FUNCTIONS,

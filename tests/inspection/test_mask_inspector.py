@@ -1,6 +1,6 @@
-"""mt-masks (inspect/mask_inspector.py, commands/masks.py): the manual's masks (docs/masks.md) are what the command
+"""mt-masks (inspection/mask_inspector.py, commands/masks.py): the manual's masks (docs/masks.md) are what the command
 prints and what masks.py builds; recorded weights obey their masks; the three maskings and
-the empty row behave as the README says; PyTorch's masks are the opposite polarity; the
+the empty row behave as docs/masks.md says; PyTorch's masks are the opposite polarity; the
 command runs with and without a checkpoint and refuses a mistake in one line.
 
 Shapes: B batch, H heads, Q query len, K key len, S source len, T target len.
@@ -22,7 +22,7 @@ from torch import nn
 from transformer.checkpoint import load_model
 from transformer.commands import masks as masks_command
 from transformer.config import ConfigError, to_dataclass
-from transformer.inspect.mask_inspector import (
+from transformer.inspection.mask_inspector import (
     KINDS,
     WhitespaceTokenizer,
     check_weights,
@@ -85,7 +85,8 @@ def readme_example() -> tuple[list[str], str]:
 
 
 def parse_drawn(block: str) -> dict[str, tuple[list[str], list[str], torch.Tensor]]:
-    """The README's side-by-side matrices: per kind, (query labels, key labels, (Q, K) bool)."""
+    """docs/masks.md's side-by-side matrices ("Which mask goes where"): per kind, (query
+    labels, key labels, (Q, K) bool)."""
     lines = block.splitlines()
     starts = [lines[0].index(title) for title in ("encoder", "decoder", "cross")]
     parsed = {}

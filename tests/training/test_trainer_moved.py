@@ -1,0 +1,207 @@
+"""The trainer (transformer/training/trainer.py) in short debug runs: the logged loss is the
+window's token-weighted mean, accumulation equals one update on the union, patience and the
+last update's validation, exact resume, SIGTERM saves and stops, a non-finite step is
+skipped, fp16 needs CUDA, an interrupted checkpoint write leaves the previous one, the CPU
+heap is trimmed.
+
+Moved verbatim from tests/commands/test_train.py (#52); to be merged with
+tests/training/test_trainer.py, which another branch creates."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import signal
+
+import pytest
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer import device as device_module
+from transformer.data.batching import collate
+from transformer.decoding.name_copy import NameCopy
+from transformer.training.trainer import Trainer
+from transformer.training.validation import DevResult
+
+from helpers import run, scalars
+
+
+def test_logged_loss_is_the_token_weighted_mean_of_the_window(tmp_path, monkeypatch):
+    """Not the last batch's loss, which jumps with its length bucket (fairseq logs the same)."""
+    steps = []
+    real_step = Trainer.train_step
+
+    def recording(self, batches):
+        out = real_step(self, batches)
+        steps.append(out)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    run(tmp_path / "run", "trainer.max_steps=10", "trainer.log_every=5", "trainer.val_every=100")
+    logged = dict(scalars(tmp_path / "run", "train/loss"))
+    for end in (5, 10):
+        window = steps[end - 5 : end]
+        mean = sum(m["loss_sum"] for m in window) / sum(m["tokens"] for m in window)
+        assert logged[end] == pytest.approx(mean, rel=1e-6)
+        assert logged[end] != pytest.approx(window[-1]["loss"], rel=1e-6)
+    log_lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines()
+                 if "step 5: loss" in line]
+    assert f"step 5: loss {logged[5]:.3f}" in log_lines[0]
+
+
+NO_DROPOUT = ["model.dropout=0", "model.attn_dropout=0", "model.ffn_dropout=0"]
+
+
+def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):
+    """N micro-batches accumulated give the update of one batch holding all their pairs."""
+    trainer = run(tmp_path / "run", *NO_DROPOUT, "trainer.max_steps=1", "trainer.val_every=100")
+    model_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    opt_state = copy.deepcopy(trainer.optimizer.state_dict())
+    sched_state = copy.deepcopy(trainer.scheduler.state_dict())
+    tok = trainer.tokenizer
+    rows = [trainer.sampler.batches(1)[i] for i in (0, 1, 2)]
+    micro = [collate(trainer.train_ids[r], tok.pad_id, tok.bos_id, tok.eos_id) for r in rows]
+    union = collate(trainer.train_ids[[i for r in rows for i in r]], tok.pad_id, tok.bos_id, tok.eos_id)
+    grads = []  # the gradient each update applies, as the optimizer sees it
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    accumulated = trainer.train_step(micro)
+    trainer.model.load_state_dict(model_state)
+    trainer.optimizer.load_state_dict(opt_state)
+    trainer.scheduler.load_state_dict(sched_state)
+    whole = trainer.train_step([union])
+    assert accumulated["tokens"] == whole["tokens"]
+    assert accumulated["loss_sum"] == pytest.approx(whole["loss_sum"], rel=1e-5)
+    assert accumulated["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][name], rtol=1e-4, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in grads[0].values())
+
+
+def test_patience_stops_after_that_many_validations_without_a_better_score(tmp_path, monkeypatch):
+    scores = iter([5.0, 7.0, 6.0, 7.0, 1.0, 9.0])  # best at the 2nd validation, then 3 worse
+
+    def fake_validate(self):
+        bleu = next(scores)
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu,
+                                     names=NameCopy(names=2, copied=1, sentences=2), examples=[])}
+
+    monkeypatch.setattr(Trainer, "validate", fake_validate)
+    trainer = run(tmp_path / "run", "trainer.max_steps=100", "trainer.val_every=2", "trainer.patience=3")
+    assert trainer.state.step == 10  # validations at 2, 4 (best), 6, 8, 10: three without progress
+    assert trainer.state.best_bleu == 7.0 and trainer.state.bad_validations == 3
+    assert ckpt.load_meta(tmp_path / "run" / "checkpoints" / "best")["step"] == 4
+
+
+def test_the_last_update_is_validated_even_off_the_validation_grid(tmp_path, monkeypatch):
+    """max_steps not a multiple of val_every: the final weights are scored and can be `best`."""
+    scores = iter([3.0, 5.0])
+
+    def fake_validate(self):
+        bleu = next(scores)
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu,
+                                     names=NameCopy(names=2, copied=1, sentences=2), examples=[])}
+
+    monkeypatch.setattr(Trainer, "validate", fake_validate)
+    trainer = run(tmp_path / "run", "trainer.max_steps=7", "trainer.val_every=5", "trainer.save_every=1")
+    assert trainer.state.step == 7 and trainer.state.best_bleu == 5.0
+    assert ckpt.load_meta(tmp_path / "run" / "checkpoints" / "best")["step"] == 7
+    finished = run(tmp_path / "run", "trainer.max_steps=7", "trainer.val_every=5", "trainer.save_every=1",
+                   "trainer.resume=auto")
+    assert finished.state.best_bleu == 5.0  # resuming a finished run validates nothing again
+
+
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
+    common = ["trainer.log_every=1", "trainer.val_every=100", "trainer.resume=auto"]
+    run(tmp_path / "straight", *common, "trainer.max_steps=8")
+    run(tmp_path / "split", *common, "trainer.max_steps=4")
+    resumed = run(tmp_path / "split", *common, "trainer.max_steps=8")
+    assert resumed.state.step == 8  # a resumed run reaches max_steps, never quits early
+    straight = scalars(tmp_path / "straight", "train/loss")
+    split = scalars(tmp_path / "split", "train/loss")
+    assert [s for s, _ in split] == list(range(1, 9))
+    assert split == straight
+
+
+def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, monkeypatch):
+    real_step = Trainer.train_step
+
+    def step_then_signal(self, batches):
+        out = real_step(self, batches)
+        if self.state.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        trainer = run(tmp_path / "run", "trainer.max_steps=50")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert trainer.state.step == 3
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path / "run")] == ["step_3"]
+    assert ckpt.load_trainer_state(tmp_path / "run" / "checkpoints" / "step_3")["train_state"]["step"] == 3
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_step_with_an_inf_gradient_is_skipped(tmp_path, precision):
+    trainer = run(tmp_path / "run", "trainer.max_steps=2", f"trainer.precision={precision}")
+    batches = [next(trainer._micro_batches())[2]]
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    opt_before = trainer.optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    handle = trainer.model.src_embed.weight.register_hook(lambda g: g * float("inf"))
+    metrics = trainer.train_step(batches)
+    handle.remove()
+    assert metrics["applied"] == 0.0 and trainer.state.skipped_steps == 1 and trainer.state.step == 2
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(trainer.optimizer.state_dict()["state"][0]["exp_avg"], opt_before)
+    assert trainer.train_step(batches)["applied"] == 1.0 and trainer.state.step == 3
+
+
+def test_fp16_on_cpu_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        run(tmp_path / "run", "trainer.precision=fp16", "trainer.device=cpu")
+
+
+def test_an_interrupted_checkpoint_write_leaves_the_previous_one_loadable(tmp_path, monkeypatch):
+    trainer = run(tmp_path / "run", "trainer.max_steps=10")
+    good = ckpt.step_checkpoints(tmp_path / "run")[-1]
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("power cut while writing the trainer state")
+
+    monkeypatch.setattr(torch, "save", crash)
+    trainer.state.step = 11
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save("step_11")
+    monkeypatch.undo()
+    assert ckpt.step_checkpoints(tmp_path / "run")[-1] == good  # the half-written one is ignored
+    ckpt.load_model(good)
+    assert ckpt.load_trainer_state(good)["train_state"]["step"] == 10
+    # Overwriting an existing checkpoint is atomic too: the old copy survives a crash.
+    monkeypatch.setattr(torch, "save", crash)
+    trainer.state.step = 10
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save("step_10")
+    monkeypatch.undo()
+    assert ckpt.load_trainer_state(good)["train_state"]["step"] == 10
+
+
+def test_training_on_cpu_trims_the_heap_and_logs_its_memory(tmp_path, monkeypatch):
+    # the heap grows by 1 MB between two looks, whatever this process freed before the run
+    # (real memory may only shrink over five tiny updates, and then nothing is trimmed)
+    grown = itertools.count()
+    real = device_module.anonymous_memory
+    monkeypatch.setattr(device_module, "anonymous_memory", lambda: real() + 2**20 * next(grown))
+    trainer = run(tmp_path / "run", "trainer.max_steps=5", "trainer.log_every=5", "trainer.heap_slack_gb=1e-9")
+    assert trainer.trim_heap.trims >= 1 or trainer.trim_heap.libc is None
+    (step, gb), = scalars(tmp_path / "run", "train/cpu_mem_gb")
+    assert step == 5 and 0.01 < gb < 20

@@ -1,0 +1,61 @@
+"""What a decoding batch needs in memory, and the refusal of one that would not fit.
+
+Within the bounds on its settings (`transformer/bounds.py`: `decode.beam_size` at most
+128), a decoding batch can still ask for more memory than the machine has (beam 128 over
+a batch of 2,000 one-token sentences is 256,000 rows of a vocabulary-sized score vector):
+`check_decode_memory` estimates the largest batch's need before the first one runs and
+refuses it, in one line naming `decode.beam_size` and `decode.max_tokens`, where it
+exceeds the memory free now (`bounds.available_memory`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transformer import bounds
+from transformer.config import DecodeConfig, ModelConfig
+from transformer.errors import ConfigError
+
+
+def decode_batch_bytes(model_cfg: ModelConfig, n_sentences: int, src_len: int, beam: int, max_len: int,
+                       act_bytes: int) -> int:
+    """An upper estimate of what one decoding batch allocates beyond the weights:
+    R = sentences x beam rows, each with its scores over the vocabulary (logits,
+    log-softmax and the top-k's copy, in fp32), a key and a value per decoder layer for
+    each of its up to `max_len` output tokens (self-attention cache) and `src_len`
+    source tokens (cross-attention cache, fanned out per beam), and the encoder output."""
+    rows = n_sentences * beam
+    d, layers = model_cfg.d_model, model_cfg.n_decoder_layers
+    scores = 3 * model_cfg.vocab_size * 4
+    caches = layers * 2 * (max_len + src_len) * d * act_bytes
+    return rows * (scores + caches + src_len * d * act_bytes)
+
+
+def check_decode_memory(model_cfg: ModelConfig, batches: list[list[int]], cfg: DecodeConfig,
+                        device: torch.device) -> None:
+    """Refuse (ConfigError) decoding whose largest batch would need more memory than is free.
+
+    batches: the source lengths of each decoding batch; cfg: the resolved DecodeConfig."""
+    free = bounds.available_memory(device)
+    if free is None or not batches:
+        return
+    beam = cfg.beam_size if cfg.method == "beam" else 1
+    act_bytes = 2 if cfg.precision in ("bf16", "fp16") else 4
+    limit = model_cfg.max_positions - 1
+
+    def need(lengths: list[int]) -> int:
+        longest = max(lengths)
+        max_len = min(limit, max(cfg.min_len, int(cfg.max_len_a * longest + cfg.max_len_b)))
+        return decode_batch_bytes(model_cfg, len(lengths), longest, beam, max_len, act_bytes)
+
+    worst = max(batches, key=need)
+    if need(worst) > free:
+        raise ConfigError(
+            f"decode.beam_size={cfg.beam_size} with decode.max_tokens={cfg.max_tokens}: a decoding "
+            f"batch of {len(worst)} sentences x beam {beam} would need about {_gb(need(worst))} of "
+            f"memory, and {_gb(free)} is free on {device.type}: lower decode.beam_size or "
+            "decode.max_tokens")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
