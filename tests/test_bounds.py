@@ -74,3 +74,36 @@ def test_cuda_memory_the_allocator_holds_unused_counts_as_free(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 60 * 2**30)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * 2**30)
     assert bounds.available_memory(torch.device("cuda:0")) == (1 + 50) * 2**30
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy"])
+def test_a_gpu_decoding_batch_grows_to_what_half_the_free_memory_holds(monkeypatch, method):
+    model = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6, max_positions=256)
+    cfg = DecodeConfig(method=method, beam_size=5, precision="bf16")
+    frees = (None, 10**8, 40 * 10**9, 100 * 10**9, 10**12)
+    budgets = [bounds.decode_max_tokens(model, cfg, free, 8000, 65536) for free in frees]
+    assert budgets[:2] == [8000, 8000]  # unknown, or too little for more: today's 8,000
+    assert budgets == sorted(budgets) and budgets[-1] == 64000  # more memory, more tokens, bounded
+    for free, budget in zip(frees[2:], budgets[2:], strict=True):
+        # bounds.check_decode_memory, given half the memory, accepts the worst batches of
+        # a budget above the floor (many short sentences, few long ones), not of twice it
+        monkeypatch.setattr(bounds, "available_memory", lambda device, free=free: free // 2)
+        for length in (1, 2, 10, 100, 255):
+            bounds.check_decode_memory(model, [[length] * (budget // length)], cfg, torch.device("cuda"))
+        if budget < 64000:
+            with pytest.raises(ConfigError):
+                bounds.check_decode_memory(model, [[1] * (budget * 2)], cfg, torch.device("cuda"))
+
+
+def test_decode_settings_size_the_batch_to_the_gpu_only_when_max_tokens_is_null(monkeypatch):
+    class Model:  # what decode_settings reads of our model: its config
+        cfg = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6, max_positions=256)
+
+    monkeypatch.setattr(decoding, "available_memory", lambda device: 200 * 10**9)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    cfg = DecodeConfig(precision="fp16")
+    assert decoding.decode_settings(cfg, cuda, Model()).max_tokens == 64000
+    assert decoding.decode_settings(cfg, cuda).max_tokens == 8000  # no model to size it for
+    assert decoding.decode_settings(DecodeConfig(max_tokens=3000, precision="fp16"), cuda,
+                                    Model()).max_tokens == 3000
+    assert decoding.decode_settings(DecodeConfig(precision="fp32"), cpu, Model()).max_tokens == 2000
