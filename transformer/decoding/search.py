@@ -8,7 +8,8 @@ the log-probabilities of the next one. Rows of finished sentences are dropped fr
 batch (and from the cache), so a long sentence does not make the short ones pay for it.
 
 The host reads the device at most once a step (`sync_every`): how many sentences are
-still live. Everything else stays on the device (fairseq's and CTranslate2's way):
+still live; and once per batch before the steps (the shortest length limit) and after
+them (the hypotheses). Everything else stays on the device (fairseq's and CTranslate2's way):
 finished hypotheses, their scores and lengths go into `finished.Finished`'s buffers, the
 rows to keep are found by a stable sort of the done flags, and the batch's hypotheses are
 read back in one transfer when it is done (docs/decoding.md, "On the device").
@@ -207,6 +208,7 @@ def greedy_search(
     if not n:
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
+    first_max = int(max_len.min())  # the batch's one read before its steps
     finished = Finished(n, 1, bound, cfg.pad_id, device)
     stepper = _Stepper(model, src_ids, use_cache)
     alive = torch.arange(n, device=device)  # (A,) batch index of each row
@@ -214,9 +216,10 @@ def greedy_search(
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         logits, lse = stepper.logits()  # (A, V), (A,)
         best, tokens = _forbid(logits, step, min_len, cfg).max(dim=-1)
-        at_max = step >= max_len[alive]  # forced EOS, scored as the model gave it
-        best = torch.where(at_max, logits[:, cfg.eos_id], best)
-        tokens = tokens.masked_fill(at_max, cfg.eos_id)
+        if step >= first_max:  # forced EOS where max_len is reached, scored as the model gave it
+            at_max = step >= max_len[alive]
+            best = torch.where(at_max, logits[:, cfg.eos_id], best)
+            tokens = tokens.masked_fill(at_max, cfg.eos_id)
         scores += best - lse
         rows = torch.arange(alive.numel(), device=device)[:, None]
         finished.add(alive, (tokens == cfg.eos_id)[:, None], scores[:, None], rows, stepper.tgt_ids)
@@ -280,6 +283,7 @@ def beam_search(
     if not n:
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
+    first_max = int(max_len.min())  # the batch's one read before its steps
     finished = Finished(n, k, bound, cfg.pad_id, device)
     stepper = _Stepper(model, src_ids, use_cache)
     alive = torch.arange(n, device=device)  # batch index of each live sentence (A,)
@@ -289,11 +293,12 @@ def beam_search(
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
         logits, lse = stepper.logits()  # (A*W, V), (A*W,)
-        at_max = step >= max_len[alive]  # (A,): these sentences end here with a forced EOS
-        forced = at_max[:, None].expand(a, w).reshape(-1)
+        at_max = forced = None
+        if step >= first_max:  # (A,): these sentences end here with a forced EOS
+            at_max = step >= max_len[alive]
+            forced = (at_max[:, None].expand(a, w).reshape(-1), cfg.eos_id)
         top_scores, top_beam, top_tok = best_continuations(
-            _forbid(logits, step, min_len, cfg), scores.view(-1) - lse, w, 2 * k,
-            forced_eos=(forced, cfg.eos_id))
+            _forbid(logits, step, min_len, cfg), scores.view(-1) - lse, w, 2 * k, forced)
         # EOS candidates among the first K finish; the first K others are the live beams.
         is_eos = top_tok == cfg.eos_id  # (A, 2K)
         ends = is_eos[:, :k] & top_scores[:, :k].isfinite()
