@@ -25,8 +25,9 @@ Steps (GPU sizes; `--cpu` runs the same code on data/sample and the tiny model):
           each update's loss against the bf16 run's within LOSS_RTOL
   ddp     torchrun --nproc_per_node=1 (NCCL on a GPU, gloo on a CPU): 30 updates through
           DistributedDataParallel, then a resume to 40
-  decode  beam 5 on the tatoeba-test sentences with the trained model on the GPU (sent/s),
-          and on the CPU; BLEU on the shared sentences within 0.2
+  decode  the trained model on the GPU: beam 5 and greedy on the tatoeba-test sentences,
+          beam 5 on europarl-test's first 500 (sent/s), host reads per decoder step; beam 5
+          on the CPU; BLEU on the shared sentences within 0.2
 """
 
 from __future__ import annotations
@@ -470,36 +471,75 @@ def step_ddp(plan: Plan, work: Path, r: dict) -> dict:
 
 
 def step_decode(plan: Plan, work: Path, r: dict) -> dict:
+    """Sentences/s of the trained model on the device: beam 5 and greedy on the test
+    sentences, beam 5 on europarl-test's long prose (#50's goals); host reads per decoder
+    step; then beam 5 on the CPU, and BLEU on the shared sentences within BLEU_ATOL.
+
+    The figures are written to work/decode.json after each run, so a step cut off at its
+    limit still reports what it measured."""
     import sacrebleu
     import torch
 
     from transformer.config import DecodeConfig
     from transformer.data.corpus import read_lines
-    from transformer.decoding.text import load_for_inference, translate_nbest
+    from transformer.decoding import search as search_module
+    from transformer.decoding.text import decode_settings, load_for_inference, translate_nbest
 
     checkpoint = work / "train" / "checkpoints" / "best"
     if not checkpoint.exists():
         raise StepFailed(f"no trained checkpoint at {checkpoint}: the train step must run first")
     src = read_lines(ROOT / plan.test_file)[: plan.decode_sentences]
     ref = read_lines(ROOT / Path(plan.test_file).with_suffix(".en"))[: len(src)]
-    cfg = DecodeConfig(method="beam", beam_size=5)
+    prose_file = ROOT / Path(plan.test_file).parent / "europarl-test.it"  # .gpu/data/eval on a GPU
+    prose_file = prose_file if prose_file.exists() else ROOT / plan.test_file  # --cpu: the sample
+    prose = read_lines(prose_file)[: max(plan.decode_sentences // 4, 1)]
+    prose_ref = read_lines(prose_file.with_suffix(".en"))[: len(prose)]
+    beam, greedy = DecodeConfig(method="beam", beam_size=5), DecodeConfig(method="greedy")
+
+    def timed(model, tokenizer, device, lines, refs, cfg) -> tuple[dict, list[str]]:
+        translate_nbest(model, tokenizer, lines[:8], cfg, device)  # warm-up: kernels, allocator
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = [h[0][0] for h in translate_nbest(model, tokenizer, lines, cfg, device)]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        return {"sentences": len(lines), "seconds": round(secs, 2), "sentences_per_s": round(len(lines) / secs, 1),
+                "bleu": round(sacrebleu.corpus_bleu(out, [refs]).score, 2)}, out
+
+    def save() -> None:  # what is measured so far, should the step be cut off
+        write_json(work / "decode.json", {**r, "status": "failed", "error": "cut off before the end"})
+
     hyps: dict[str, list[str]] = {}
     for device_pref, n in ((plan.device, len(src)), ("cpu", plan.decode_cpu_sentences)):
         if device_pref == "cpu" and "cpu" in hyps:
             continue
         model, tokenizer, device = load_for_inference(str(checkpoint), device_pref, threads=os.cpu_count())
-        translate_nbest(model, tokenizer, src[:8], cfg, device)  # warm-up: kernels, allocator
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = translate_nbest(model, tokenizer, src[:n], cfg, device)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        secs = time.perf_counter() - t0
-        hyps[device.type] = [h[0][0] for h in out]
-        r[device.type] = {"sentences": n, "seconds": round(secs, 2), "sentences_per_s": round(n / secs, 1),
-                          "bleu": round(sacrebleu.corpus_bleu(hyps[device.type], [ref[:n]]).score, 2)}
-        (work / f"hyp.{device.type}.en").write_text("".join(f"{h}\n" for h in hyps[device.type]))
+        kind = device.type
+        r[kind], hyps[kind] = timed(model, tokenizer, device, src[:n], ref[:n], beam)
+        r[kind] |= {"max_tokens": decode_settings(beam, device, model).max_tokens,
+                    "sync_every": search_module.SYNC_EVERY.get(kind, 1)}
+        (work / f"hyp.{kind}.en").write_text("".join(f"{h}\n" for h in hyps[kind]))
+        save()
+        if device_pref != plan.device:
+            break
+        runs = r.setdefault(f"{kind}_runs", {})
+        runs["greedy"], _ = timed(model, tokenizer, device, src, ref, greedy)
+        save()
+        runs["beam5_europarl"], _ = timed(model, tokenizer, device, prose, prose_ref, beam)
+        save()
+        if search_module.SYNC_EVERY.get(kind, 1) != 1:  # the read's cost: reading every step
+            every = dict(search_module.SYNC_EVERY)
+            search_module.SYNC_EVERY[kind] = 1
+            try:
+                runs["beam5_sync_every_1"], _ = timed(model, tokenizer, device, src, ref, beam)
+            finally:
+                search_module.SYNC_EVERY.update(every)
+            save()
+        few = src[: min(400, max(len(src) // 4, 1))]  # the issue's 400 lines on a GPU; 5 with --cpu
+        r[f"{kind}_host_reads"] = count_host_reads(model, tokenizer, device, few, beam, greedy)
+        save()
     if "cuda" in hyps:
         n = len(hyps["cpu"])
         same = [sacrebleu.corpus_bleu(hyps[d][:n], [ref[:n]]).score for d in ("cuda", "cpu")]
@@ -509,6 +549,34 @@ def step_decode(plan: Plan, work: Path, r: dict) -> dict:
             raise StepFailed(f"BLEU on the GPU {same[0]:.2f} against {same[1]:.2f} on the CPU "
                              f"(tolerance {BLEU_ATOL})")
     return r
+
+
+def count_host_reads(model, tokenizer, device, lines: list[str], *cfgs) -> dict:
+    """The host's reads of the device while translating `lines`, per decoder step and per
+    sentence, for each DecodeConfig: all of them, and the search's alone (the model's own,
+    its id checks and the CPU attention path's, are #49's)."""
+    from transformer.decoding.text import translate_nbest
+    from transformer.device import HostReads
+
+    out = {}
+    decode = model.decode
+    for cfg in cfgs:
+        steps: list[int] = []
+        model.decode = lambda *a, steps=steps, **kw: steps.append(1) or decode(*a, **kw)
+        try:
+            with HostReads(sites=True) as reads:
+                translate_nbest(model, tokenizer, lines, cfg, device)
+        finally:
+            del model.decode  # the class's method again
+        name = "beam5" if cfg.method == "beam" else cfg.method
+        search = sum(n for site, n in reads.by_site.items()
+                     if site.split(":")[0] in ("search.py", "finished.py", "text.py"))
+        out[name] = {"lines": len(lines), "decoder_steps": len(steps), "reads": reads.total,
+                     "per_step": round(reads.total / max(len(steps), 1), 2),
+                     "per_sentence": round(reads.total / len(lines), 2),
+                     "search_per_step": round(search / max(len(steps), 1), 2),  # the model's apart
+                     "by_op": dict(reads.by_op), "by_site": dict(reads.by_site.most_common(8))}
+    return out
 
 
 STEP_FUNCTIONS = {"device": step_device, "data": step_data, "tests": step_tests, "bench": step_bench,

@@ -14,7 +14,7 @@
 #                  and its dill/multiprocess/fsspec, ctranslate2, sentence-splitter), installed
 #                  into /tmp at start; tests/test_gpu_check.py checks that every module-level
 #                  import of the package is either carried or on the image (IMAGE_MODULES)
-#   .gpu/data/     Tatoeba train (gzip) and dev, tatoeba-test: copied from ../shared/data,
+#   .gpu/data/     Tatoeba train (gzip) and dev, tatoeba-test, europarl-test: copied from ../shared/data,
 #                  which does not travel; data.root=.gpu/data points the configs there
 # e.g. run(command="scripts/gpu_check.sh", carry=[".gpu"], timeout_s=560)
 set -euo pipefail
@@ -31,6 +31,7 @@ pack() {
     gzip -c "$shared/tatoeba/train.en" > "$data/tatoeba/train.en.gz"
     install -m 644 "$shared"/tatoeba/dev.{it,en} "$data/tatoeba/"
     install -m 644 "$shared"/eval/tatoeba-test.{it,en} "$data/eval/"
+    install -m 644 "$shared"/eval/europarl-test.{it,en} "$data/eval/"  # the decode step's long prose
     du -sh .gpu
 }
 

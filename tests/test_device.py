@@ -126,3 +126,20 @@ def test_host_reads_counts_every_way_a_value_comes_back_and_nothing_else():
     assert sum(reads.by_site.values()) == reads.total == 8
     assert all(site.startswith("test_device.py:") for site in reads.by_site)
     assert y.tolist() and torch.Tensor.tolist.__name__ == "tolist"  # unpatched on exit
+
+
+def test_host_reads_counts_scalar_reads_under_inference_mode_too():
+    """Searches run under torch.inference_mode, where `.item()`, `int()` and `float()`
+    do not pass the dispatch mode: each must still count once, and once only outside it."""
+    from transformer.device import HostReads
+
+    x = torch.arange(6.0)
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode(), HostReads() as reads:
+            x[0].item()
+            int(x.max())
+            float(x.sum())
+            range(torch.tensor(3))  # __index__
+            bool(x.any())
+        assert reads.total == 5 and reads.by_op["_local_scalar_dense"] >= 4, (mode, reads.by_op)
+    assert "__int__" not in vars(torch.Tensor) and int(torch.tensor(2)) == 2  # unpatched on exit

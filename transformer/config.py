@@ -309,7 +309,7 @@ class DecodeConfig:
     max_len_b: int = 10  # b of that limit
     min_len: int = 1  # EOS is forbidden before this many tokens
     # source tokens per decoding batch (a beam batch holds beam_size times more rows);
-    # null: 8000 on CUDA, 2000 on CPU
+    # null: 2000 on CPU; on CUDA 8000, up to 65536 as the free memory allows
     max_tokens: int | None = None
     # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
     # fp32 | fp32 | bf16 | fp16 (CUDA only)

@@ -274,6 +274,7 @@ class HostReads:
         self._sites = sites
         self._mode = None
         self._patched: dict[str, object] = {}
+        self._scalar_patched: dict[str, tuple[object, bool]] = {}
 
     @property
     def total(self) -> int:
@@ -314,6 +315,19 @@ class HostReads:
                 return _original(t, *a, **kw)
 
             setattr(torch.Tensor, method, wrapped)
+        # Under torch.inference_mode (where searches run) `.item()`, `int(t)`, `float(t)`
+        # reach `_local_scalar_dense` without passing the dispatch mode (torch 2.13, CPU):
+        # counted here, in that mode only, so that nothing counts twice.
+        for method in ("item", "__int__", "__float__", "__index__"):
+            original = getattr(torch.Tensor, method)
+            self._scalar_patched[method] = (original, method in vars(torch.Tensor))
+
+            def scalar(t, *a, _original=original, **kw):
+                if torch.is_inference_mode_enabled():
+                    counter._count("_local_scalar_dense")
+                return _original(t, *a, **kw)
+
+            setattr(torch.Tensor, method, scalar)
         self._mode = _Mode()
         self._mode.__enter__()
         return self
@@ -323,3 +337,9 @@ class HostReads:
         for method, original in self._patched.items():
             setattr(torch.Tensor, method, original)
         self._patched.clear()
+        for method, (original, own) in self._scalar_patched.items():
+            if own:
+                setattr(torch.Tensor, method, original)
+            else:
+                delattr(torch.Tensor, method)  # the inherited one again
+        self._scalar_patched.clear()

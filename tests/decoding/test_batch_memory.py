@@ -40,3 +40,36 @@ def test_decoding_that_would_not_fit_in_free_memory_is_refused_before_the_first_
     assert not searched
     monkeypatch.undo()  # the machine's own free memory: these settings fit
     assert len(decoding.translate_lines(model, tokenizer, lines[:2], DecodeConfig(method="greedy"))) == 2
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy"])
+def test_a_gpu_decoding_batch_grows_to_what_half_the_free_memory_holds(monkeypatch, method):
+    model = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6, max_positions=256)
+    cfg = DecodeConfig(method=method, beam_size=5, precision="bf16")
+    frees = (None, 10**8, 40 * 10**9, 100 * 10**9, 10**12)
+    budgets = [batch_memory.decode_max_tokens(model, cfg, free, 8000, 65536) for free in frees]
+    assert budgets[:2] == [8000, 8000]  # unknown, or too little for more: today's 8,000
+    assert budgets == sorted(budgets) and budgets[-1] == 64000  # more memory, more tokens, bounded
+    for free, budget in zip(frees[2:], budgets[2:], strict=True):
+        # batch_memory.check_decode_memory, given half the memory, accepts the worst batches of
+        # a budget above the floor (many short sentences, few long ones), not of twice it
+        monkeypatch.setattr(bounds, "available_memory", lambda device, free=free: free // 2)
+        for length in (1, 2, 10, 100, 255):
+            batch_memory.check_decode_memory(model, [[length] * (budget // length)], cfg, torch.device("cuda"))
+        if budget < 64000:
+            with pytest.raises(ConfigError):
+                batch_memory.check_decode_memory(model, [[1] * (budget * 2)], cfg, torch.device("cuda"))
+
+
+def test_decode_settings_size_the_batch_to_the_gpu_only_when_max_tokens_is_null(monkeypatch):
+    class Model:  # what decode_settings reads of our model: its config
+        cfg = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6, max_positions=256)
+
+    monkeypatch.setattr(decoding, "available_memory", lambda device: 200 * 10**9)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    cfg = DecodeConfig(precision="fp16")
+    assert decoding.decode_settings(cfg, cuda, Model()).max_tokens == 64000
+    assert decoding.decode_settings(cfg, cuda).max_tokens == 8000  # no model to size it for
+    assert decoding.decode_settings(DecodeConfig(max_tokens=3000, precision="fp16"), cuda,
+                                    Model()).max_tokens == 3000
+    assert decoding.decode_settings(DecodeConfig(precision="fp32"), cpu, Model()).max_tokens == 2000

@@ -5,7 +5,8 @@ Within the bounds on its settings (`transformer/bounds.py`: `decode.beam_size` a
 a batch of 2,000 one-token sentences is 256,000 rows of a vocabulary-sized score vector):
 `check_decode_memory` estimates the largest batch's need before the first one runs and
 refuses it, in one line naming `decode.beam_size` and `decode.max_tokens`, where it
-exceeds the memory free now (`bounds.available_memory`).
+exceeds the memory free now (`bounds.available_memory`). On a GPU, `decode_max_tokens`
+sizes the default batch to the memory free.
 """
 
 from __future__ import annotations
@@ -29,6 +30,34 @@ def decode_batch_bytes(model_cfg: ModelConfig, n_sentences: int, src_len: int, b
     scores = 3 * model_cfg.vocab_size * 4
     caches = layers * 2 * (max_len + src_len) * d * act_bytes
     return rows * (scores + caches + src_len * d * act_bytes)
+
+
+def decode_max_tokens(model_cfg: ModelConfig, cfg: DecodeConfig, free: int | None, floor: int,
+                      ceiling: int, share: float = 0.5) -> int:
+    """The source tokens a decoding batch may hold on a device with `free` bytes free: the
+    largest of floor, 2 * floor, ... up to ceiling whose worst batch fits in `share` of it.
+
+    The worst batch of a budget T is, over every source length l the model takes, T // l
+    sentences of length l (`length_batches` pads each batch to its longest), estimated by
+    `decode_batch_bytes`; short sentences are the worst (one row of vocabulary-sized scores
+    each per beam). `free` None (unknown): floor. cfg: the resolved DecodeConfig.
+    """
+    if free is None:
+        return floor
+    beam = cfg.beam_size if cfg.method == "beam" else 1
+    act_bytes = 2 if cfg.precision in ("bf16", "fp16") else 4
+    limit = model_cfg.max_positions - 1
+
+    def worst(tokens: int) -> int:
+        return max(decode_batch_bytes(model_cfg, max(1, tokens // n), n, beam,
+                                      min(limit, max(cfg.min_len, int(cfg.max_len_a * n + cfg.max_len_b))),
+                                      act_bytes)
+                   for n in range(1, min(tokens, model_cfg.max_positions) + 1))
+
+    best = floor
+    while best * 2 <= ceiling and worst(best * 2) <= share * free:
+        best *= 2
+    return best
 
 
 def check_decode_memory(model_cfg: ModelConfig, batches: list[list[int]], cfg: DecodeConfig,

@@ -1,11 +1,18 @@
 """Batched greedy and beam search on the model's incremental decoding cache.
 
-Shapes: B batch (sentences), S source length, K beam size, R = B*K rows, V vocabulary.
+Shapes: B batch (sentences), S source length, K beam size, A live sentences, W beams per
+live sentence (1 at the first step, then K), R = A*W rows, V vocabulary.
 
 The source is encoded once; each step feeds the decoder one new token per row and reads
 the log-probabilities of the next one. Rows of finished sentences are dropped from the
-batch (and from the cache) as soon as they are done, so a long sentence does not make
-the short ones pay for it.
+batch (and from the cache), so a long sentence does not make the short ones pay for it.
+
+The host reads the device at most once a step (`sync_every`): how many sentences are
+still live; and once per batch before the steps (the shortest length limit) and after
+them (the hypotheses). Everything else stays on the device (fairseq's and CTranslate2's way):
+finished hypotheses, their scores and lengths go into `finished.Finished`'s buffers, the
+rows to keep are found by a stable sort of the done flags, and the batch's hypotheses are
+read back in one transfer when it is done (docs/decoding.md, "On the device").
 
 Conventions shared by both searches (fairseq's, with the GNMT length penalty):
 - A `Hypothesis` holds the output tokens without BOS and EOS. Its score is the sum of
@@ -16,6 +23,8 @@ Conventions shared by both searches (fairseq's, with the GNMT length penalty):
   `batching.collate` puts there: the source tokens, without BOS or EOS), capped by the
   model's positional table. A hypothesis that reaches it is closed with a forced EOS (which is scored).
 - Minimum length: EOS is forbidden until a hypothesis has `min_len` tokens.
+- Padding and BOS are never chosen (fairseq and JoeyNMT forbid them too); their
+  probability still counts in the normalisation, as the model gave it.
 
 Beam search stopping rule (fairseq's): at each step the 2K best continuations of a
 sentence are ranked; EOS candidates among the first K become finished hypotheses, and
@@ -31,19 +40,22 @@ and `model.cfg` (bos/eos/pad ids, max_positions), so a scripted fake model can s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from transformer.config import DecodeConfig
+from transformer.decoding.finished import Finished, Hypothesis, length_penalty
 from transformer.model.transformer import DecoderCache
 
+__all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "length_penalty",
+           "logsumexp", "max_lengths", "search"]
 
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # output ids, without BOS and EOS
-    score: float  # length-normalised sum of log-probabilities (EOS included)
-
+# Steps between the host's reads of how many sentences are live, per device type. On a CPU
+# every step: dropping finished rows at once is what pays there. On a GPU a read stops the
+# host until the device has caught up; reading every few steps lets it queue the next
+# steps' kernels meanwhile, at the price of done rows decoding a few steps longer.
+# The CUDA value is a first guess, to be measured (scripts/gpu_check.py, decode step).
+SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
 # on a slow path: once a model is confident most of its (N, V) log-probabilities are that
@@ -67,11 +79,6 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     return top + _shifted_exp(x, top).sum(dim=-1).log()
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty ((5 + |y|) / 6) ** alpha; |y| counts the EOS."""
-    return ((5 + length) / 6) ** alpha
-
-
 def max_lengths(model, src_ids: torch.Tensor, a: float, b: int, min_len: int) -> torch.Tensor:
     """Per-sentence maximum output length (B,), a * |x| + b, within the model's limits."""
     src_len = (src_ids != model.cfg.pad_id).sum(dim=1)
@@ -81,6 +88,14 @@ def max_lengths(model, src_ids: torch.Tensor, a: float, b: int, min_len: int) ->
                          f"({limit} tokens, max_positions={model.cfg.max_positions} minus BOS)")
     max_len = torch.floor(a * src_len.double() + b).long().clamp(max=limit)
     return max_len.clamp(min=min(min_len, limit))
+
+
+def longest_output(model, src_ids: torch.Tensor, a: float, b: int, min_len: int) -> int:
+    """An upper bound on `max_lengths` (B,) known without reading the device: the padded
+    width S stands for every |x|. The search runs at most this many steps plus one."""
+    limit = model.cfg.max_positions - 1
+    longest = src_ids.size(1) if a >= 0 else 0
+    return max(min(math.floor(a * longest + b), limit), min(min_len, limit))
 
 
 class _Stepper:
@@ -129,21 +144,30 @@ class _Stepper:
         self.tgt_ids = torch.cat([self.tgt_ids, tokens[:, None]], dim=1)
 
 
-def _constrain(logits: torch.Tensor, step: int, max_len: torch.Tensor, min_len: int,
-               eos: int) -> torch.Tensor:
-    """Forbid EOS before min_len; force EOS on rows whose max_len (R,) is reached.
-
-    In place on logits (R, V) whose logsumexp is already taken: a forced EOS keeps its
-    model probability as score.
-    """
+def _forbid(logits: torch.Tensor, step: int, min_len: int, cfg) -> torch.Tensor:
+    """Forbid padding and BOS always, and EOS before min_len: in place on logits (R, V)
+    whose logsumexp is already taken. Three columns: no pass over (R, V)."""
+    logits[:, cfg.pad_id] = -math.inf
+    logits[:, cfg.bos_id] = -math.inf
     if step < min_len:
-        logits[:, eos] = -math.inf
-    at_max = step >= max_len
-    if at_max.any():
-        eos_logit = logits[at_max, eos]
-        logits[at_max] = -math.inf
-        logits[at_max, eos] = eos_logit
+        logits[:, cfg.eos_id] = -math.inf
     return logits
+
+
+def _live_rows(done: torch.Tensor, step: int, sync_every: int) -> torch.Tensor | None:
+    """The rows to keep after a step, (A',) in order; None: keep them all; an empty
+    tensor: every sentence is done. done (A,) bool, on the device.
+
+    The step's one host read, every `sync_every` steps: how many are live. The rows
+    themselves come from a stable sort of the done flags (live first, in order), which
+    needs no read, unlike `nonzero`.
+    """
+    if (step + 1) % sync_every:
+        return None
+    live = int((~done).sum())
+    if live == done.numel():
+        return None
+    return torch.sort(done.to(torch.uint8), stable=True).indices[:live]
 
 
 @torch.inference_mode()
@@ -155,6 +179,7 @@ def greedy_search(
     min_len: int = 1,
     lenpen: float = 0.0,
     use_cache: bool = True,
+    sync_every: int = 1,
 ) -> list[Hypothesis]:
     """src_ids (B, S) -> the most probable next token at every step, one per sentence.
 
@@ -168,6 +193,8 @@ def greedy_search(
         lenpen: GNMT length-penalty alpha the score is divided by; 0: the plain sum.
         use_cache: decode incrementally on the key/value cache; False recomputes every
             position at each step (the tests compare the two).
+        sync_every: steps between the host's reads of how many sentences are live (and
+            drops of the finished rows); the result does not depend on it.
 
     Returns:
         One `Hypothesis` per sentence, in input order: its tokens (no BOS or EOS) and its
@@ -176,30 +203,37 @@ def greedy_search(
     Raises:
         ValueError: a min_len the model's positional table cannot hold.
     """
-    eos = model.cfg.eos_id
-    n = src_ids.size(0)
+    cfg, n, device = model.cfg, src_ids.size(0), src_ids.device
     max_len = max_lengths(model, src_ids, max_len_a, max_len_b, min_len)  # (B,)
+    if not n:
+        return []
+    bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
+    first_max = int(max_len.min())  # the batch's one read before its steps
+    finished = Finished(n, 1, bound, cfg.pad_id, device)
     stepper = _Stepper(model, src_ids, use_cache)
-    alive = torch.arange(n, device=src_ids.device)  # original index of each row
-    scores = torch.zeros(n, dtype=torch.float32, device=src_ids.device)
-    results: list[Hypothesis | None] = [None] * n
-    step = 0
-    while alive.numel():
-        logits, lse = stepper.logits()  # (R, V), (R,)
-        best, tokens = _constrain(logits, step, max_len[alive], min_len, eos).max(dim=-1)
+    alive = torch.arange(n, device=device)  # (A,) batch index of each row
+    scores = torch.zeros(n, dtype=torch.float32, device=device)  # (A,)
+    for step in range(bound + 1):  # by step `bound` every sentence is at its max length
+        logits, lse = stepper.logits()  # (A, V), (A,)
+        best, tokens = _forbid(logits, step, min_len, cfg).max(dim=-1)
+        if step >= first_max:  # forced EOS where max_len is reached, scored as the model gave it
+            at_max = step >= max_len[alive]
+            best = torch.where(at_max, logits[:, cfg.eos_id], best)
+            tokens = tokens.masked_fill(at_max, cfg.eos_id)
         scores += best - lse
-        step += 1
-        done = tokens == eos
-        for row in done.nonzero().flatten().tolist():
-            hyp = stepper.tgt_ids[row, 1:].tolist()
-            score = scores[row].item() / length_penalty(step, lenpen)
-            results[alive[row].item()] = Hypothesis(hyp, score)
-        keep = (~done).nonzero().flatten()
+        rows = torch.arange(alive.numel(), device=device)[:, None]
+        finished.add(alive, (tokens == cfg.eos_id)[:, None], scores[:, None], rows, stepper.tgt_ids)
+        done = finished.close(alive)
         stepper.append(tokens)
-        if keep.numel() < done.numel():
+        if step == bound:
+            break
+        keep = _live_rows(done, step, sync_every)
+        if keep is not None:
+            if not keep.numel():
+                break
             stepper.select(keep)
             alive, scores = alive[keep], scores[keep]
-    return results  # type: ignore[return-value]
+    return [hyps[0] for hyps in finished.hypotheses(lenpen)]
 
 
 @torch.inference_mode()
@@ -213,6 +247,7 @@ def beam_search(
     max_len_b: int = 10,
     min_len: int = 1,
     use_cache: bool = True,
+    sync_every: int = 1,
 ) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
@@ -230,6 +265,8 @@ def beam_search(
         min_len: EOS is forbidden before this many tokens.
         use_cache: decode incrementally on the key/value cache; False recomputes every
             position at each step (the tests compare the two).
+        sync_every: steps between the host's reads of how many sentences are live (and
+            drops of the finished rows); the result does not depend on it.
 
     Returns:
         For each sentence, in input order, up to `nbest` `Hypothesis`es, best
@@ -241,74 +278,76 @@ def beam_search(
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"need 1 <= nbest <= beam_size, got nbest={nbest}, beam_size={beam_size}")
-    eos, k, device = model.cfg.eos_id, beam_size, src_ids.device
-    n = src_ids.size(0)
+    cfg, k, n, device = model.cfg, beam_size, src_ids.size(0), src_ids.device
     max_len = max_lengths(model, src_ids, max_len_a, max_len_b, min_len)  # (B,)
+    if not n:
+        return []
+    bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
+    first_max = int(max_len.min())  # the batch's one read before its steps
+    finished = Finished(n, k, bound, cfg.pad_id, device)
     stepper = _Stepper(model, src_ids, use_cache)
-    alive = torch.arange(n, device=device)  # original index of each live sentence (A,)
+    alive = torch.arange(n, device=device)  # batch index of each live sentence (A,)
     # One row per sentence at the first step (all its beams would be the same BOS): the
     # first selection then fans each sentence out to K rows, cache included.
     scores = torch.zeros(n, 1, device=device)  # (A, W): W beams per sentence, 1 then K
-    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    step = 0
-    while alive.numel():
-        w = scores.size(1)
+    for step in range(bound + 1):  # by step `bound` every sentence is at its max length
+        a, w = scores.size()
         logits, lse = stepper.logits()  # (A*W, V), (A*W,)
-        logits = _constrain(logits, step, max_len[alive].repeat_interleave(w), min_len, eos)
-        top_scores, top_beam, top_tok = best_continuations(logits, scores.view(-1) - lse, w, 2 * k)
-        step += 1
-        _collect_finished(finished, alive, stepper.tgt_ids, top_scores, top_beam, top_tok,
-                          w, k, eos, length_penalty(step, lenpen))
-        # Live beams: the first K candidates that are not EOS (an EOS sorts behind them all).
-        is_eos = top_tok == eos
+        at_max = forced = None
+        if step >= first_max:  # (A,): these sentences end here with a forced EOS
+            at_max = step >= max_len[alive]
+            forced = (at_max[:, None].expand(a, w).reshape(-1), cfg.eos_id)
+        top_scores, top_beam, top_tok = best_continuations(
+            _forbid(logits, step, min_len, cfg), scores.view(-1) - lse, w, 2 * k, forced)
+        # EOS candidates among the first K finish; the first K others are the live beams.
+        is_eos = top_tok == cfg.eos_id  # (A, 2K)
+        ends = is_eos[:, :k] & top_scores[:, :k].isfinite()
+        first_rows = torch.arange(a, device=device)[:, None] * w
+        finished.add(alive, ends, top_scores[:, :k], first_rows + top_beam[:, :k], stepper.tgt_ids)
         rank = torch.arange(top_tok.size(1), device=device) + is_eos * top_tok.size(1)
         pick = rank.topk(min(k, rank.size(1)), dim=-1, largest=False).indices  # (A, K)
         scores = top_scores.gather(1, pick)
         beams, tokens = top_beam.gather(1, pick), top_tok.gather(1, pick)
-        done = torch.tensor([len(finished[i]) >= k for i in alive.tolist()], device=device)
-        done |= step > max_len[alive]
-        keep = (~done).nonzero().flatten()  # (A',)
-        rows = (keep[:, None] * w + beams[keep]).flatten()  # (A'*K,) rows that go on
+        done = finished.close(alive, also=at_max)  # (A,)
+        if step == bound:
+            break
+        keep = _live_rows(done, step, sync_every)
+        if keep is not None and not keep.numel():
+            break
+        if keep is not None:
+            beams, tokens, scores, alive = beams[keep], tokens[keep], scores[keep], alive[keep]
+            first_rows = first_rows[keep]
         # Beams move only within their sentence unless a sentence ended or fans out (step 1).
-        stepper.select(rows, same_sources=w == k and keep.numel() == done.numel())
-        stepper.append(tokens[keep].flatten())
-        alive, scores = alive[keep], scores[keep]
-    for hyps in finished:
-        hyps.sort(key=lambda h: h.score, reverse=True)
-    return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished]
+        stepper.select((first_rows + beams).flatten(), same_sources=w == k and keep is None)
+        stepper.append(tokens.flatten())
+    return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished.hypotheses(lenpen)]
 
 
 def best_continuations(
-    logits: torch.Tensor, offset: torch.Tensor, w: int, n: int
+    logits: torch.Tensor, offset: torch.Tensor, w: int, n: int,
+    forced_eos: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The n best (row, token) continuations of each sentence, best first.
 
     logits (A*W, V) of W rows per sentence; a continuation scores logits[r, v] + offset[r]
     (offset: the row's score so far minus its logsumexp). Returns (scores, beam, token),
-    each (A, min(n, W*V)); beam in [0, W).
+    each (A, min(n, W*V)); beam in [0, W). forced_eos: (rows (A*W,) bool, eos id): those
+    rows continue with EOS only, at its own score (a hypothesis at its maximum length).
 
     A sentence's n best continuations are among each row's n best tokens, since a row's
     offset shifts all its tokens alike: so rank the (A, W*n) row winners, not (A, W*V).
     """
     c = min(n, logits.size(-1))
     row_top, row_tok = logits.topk(c, dim=-1)  # (A*W, C)
+    if forced_eos is not None:  # on the (A*W, C) winners: no pass over (A*W, V)
+        forced, eos = forced_eos
+        only_eos = torch.full_like(row_top, -math.inf)
+        only_eos[:, 0] = logits[:, eos]
+        row_top = torch.where(forced[:, None], only_eos, row_top)
+        row_tok = row_tok.masked_fill(forced[:, None], eos)
     cand = (row_top + offset[:, None]).view(-1, w * c)  # (A, W*C)
     top_scores, top_idx = cand.topk(min(n, w * c), dim=-1)  # (A, n), best first
     return top_scores, top_idx // c, row_tok.view(-1, w * c).gather(1, top_idx)
-
-
-def _collect_finished(finished, alive, tgt_ids, top_scores, top_beam, top_tok, w, k, eos, lp):
-    """Turn the EOS candidates among each sentence's K best into finished hypotheses.
-
-    Candidates (A, 2K) come from W rows per sentence of tgt_ids (A*W, t+1).
-    """
-    eos_hits = ((top_tok[:, :k] == eos) & top_scores[:, :k].isfinite()).nonzero().tolist()
-    for a, j in eos_hits:  # row-major: within a sentence, best candidate first
-        sent = alive[a].item()
-        if len(finished[sent]) < k:
-            row = a * w + top_beam[a, j].item()
-            tokens = tgt_ids[row, 1:].tolist()
-            finished[sent].append(Hypothesis(tokens, top_scores[a, j].item() / lp))
 
 
 def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
@@ -327,12 +366,15 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothe
 
     Raises:
         ValueError: an unknown cfg.method, or settings the searches refuse.
+
+    The host reads the device every `SYNC_EVERY[device type]` steps (1 on a CPU).
     """
+    sync_every = SYNC_EVERY.get(src_ids.device.type, 1)
     if cfg.method == "greedy":
         hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
-                             cfg.lenpen)
+                             cfg.lenpen, sync_every=sync_every)
         return [[h] for h in hyps]
     if cfg.method == "beam":
         return beam_search(model, src_ids, cfg.beam_size, cfg.lenpen, cfg.nbest,
-                           cfg.max_len_a, cfg.max_len_b, cfg.min_len)
+                           cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every)
     raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy or beam")

@@ -28,13 +28,14 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
+from transformer.bounds import available_memory
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import length_batches, pad
 from transformer.data.corpus import normalize
 from transformer.data.sentences import Segments, join_texts, segment
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.batch_memory import check_decode_memory
+from transformer.decoding.batch_memory import check_decode_memory, decode_max_tokens
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.search import search
 from transformer.device import (
@@ -47,16 +48,19 @@ from transformer.device import (
 log = logging.getLogger(__name__)
 
 # Measured on the small model: on a CPU, batches of 2,000 source tokens decode greedy and
-# beam 5 about 1.16x faster than 8,000 (docs/performance.md, "Decoding speed").
-CPU_MAX_TOKENS, CUDA_MAX_TOKENS = 2000, 8000
+# beam 5 about 1.16x faster than 8,000 (docs/performance.md, "Decoding speed"). On CUDA the batch grows
+# from 8,000 to what half the free memory holds (`batch_memory.decode_max_tokens`), at most
+# 65,536 source tokens: a GPU decodes more sentences a step for little more time.
+CPU_MAX_TOKENS, CUDA_MAX_TOKENS, CUDA_MAX_TOKENS_CEILING = 2000, 8000, 65536
 
 
 def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> DecodeConfig:
     """`cfg` with its device-dependent defaults filled in.
 
     precision auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16,
-    else fp32 (`device.resolve_precision`); max_tokens null: 8000 source tokens per batch
-    on CUDA, 2000 on a CPU. An exported `model` computes in the type it was exported with:
+    else fp32 (`device.resolve_precision`); max_tokens null: on CUDA with our model, what
+    half the free memory holds, 8,000 to 65,536 source tokens (`batch_memory.decode_max_tokens`),
+    else 8,000; 2,000 on a CPU. An exported `model` computes in the type it was exported with:
     its precision stays auto, and any other is refused.
     """
     cfg.validate()
@@ -71,6 +75,11 @@ def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> Deco
     max_tokens = cfg.max_tokens
     if max_tokens is None:
         max_tokens = CUDA_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS
+    if cfg.max_tokens is None and device.type == "cuda" and model is not None and not \
+            isinstance(model, CT2Model):
+        max_tokens = decode_max_tokens(model.cfg, dataclasses.replace(cfg, precision=precision),
+                                       available_memory(device), CUDA_MAX_TOKENS,
+                                       CUDA_MAX_TOKENS_CEILING)
     return dataclasses.replace(cfg, precision=precision, max_tokens=max_tokens)
 
 
