@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer.config import ConfigError
-from transformer.errors import UserFileError, file_error
+from transformer.errors import writing
 
 DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
 FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
@@ -272,17 +272,14 @@ def write_dir(out: Output) -> Iterator[Path]:
     an error, mark it as `out.command`'s and put it in place of `out.path`."""
     tmp = _free_sibling(out.path, f"{out.path.name}.tmp-{os.getpid()}")
     try:
-        _make_parents(out)
-        yield tmp
-        tmp.mkdir(exist_ok=True)
-        marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
-        (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
-        check(out)  # again: something may have appeared meanwhile
-        _swap(tmp, out)
-    except UserFileError:
-        raise
-    except OSError as e:
-        raise file_error(e, out.path, "write", out.key) from e
+        with writing(out.path, out.key):  # a full disk: one line naming the output
+            _make_parents(out)
+            yield tmp
+            tmp.mkdir(exist_ok=True)
+            marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
+            (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
+            check(out)  # again: something may have appeared meanwhile
+            _swap(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -293,16 +290,13 @@ def write_file(out: Output) -> Iterator[Path]:
     an error, put it in place of `out.path` and record it in the folder's marker."""
     tmp = _free_sibling(out.path, f".{out.path.stem}.tmp-{os.getpid()}", out.path.suffix)
     try:
-        _make_parents(out)
-        yield tmp
-        check(out)
-        digest = _sha256(tmp)
-        _swap(tmp, out)
-        _record(out.path, {"command": out.command, "sha256": digest})
-    except UserFileError:
-        raise
-    except OSError as e:
-        raise file_error(e, out.path, "write", out.key) from e
+        with writing(out.path, out.key):
+            _make_parents(out)
+            yield tmp
+            check(out)
+            digest = _sha256(tmp)
+            _swap(tmp, out)
+            _record(out.path, {"command": out.command, "sha256": digest})
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -349,8 +343,11 @@ def _record(path: Path, entry: dict) -> None:
     known = _read_json(markers)
     known[path.name] = entry
     tmp = _free_sibling(markers, f"{markers.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-    tmp.replace(markers)
+    try:
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+        tmp.replace(markers)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _read_json(path: Path) -> dict:

@@ -47,6 +47,7 @@ from transformer.data.tokenizer import (
     load_or_train_tokenizer,
 )
 from transformer.data.workers import Workers
+from transformer.errors import writing
 from transformer.paths import project_path, user_path
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,9 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     if prepared is None:
         del timer.seconds["load cached"]
         work = _work_folder(cfg)
-        try:
-            with Workers(cfg.num_proc) as workers:
+        try:  # a full disk while writing the cache: one line naming it, and nothing left half-made
+            with writing(cfg.cache_dir, "data.cache_dir", "write the prepared data in"), \
+                    Workers(cfg.num_proc) as workers:
                 with timer("read and clean"):
                     corpora = {name: clean_corpus(sub, work, _prefix(cfg, name), workers)
                                for name, sub in corpus_configs(cfg).items()}
