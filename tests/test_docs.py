@@ -159,3 +159,13 @@ def test_every_page_is_in_the_sites_navigation():
     nav = (PROJECT_ROOT / "mkdocs.yml").read_text()
     for page in (PROJECT_ROOT / "docs").rglob("*.md"):
         assert page.relative_to(PROJECT_ROOT / "docs").as_posix() in nav, page
+
+
+def test_ci_builds_the_manual_strictly_and_sees_its_warnings():
+    """`mkdocs build --strict --quiet` passed with warnings: --quiet drops them before
+    --strict counts them (#51). CI must run --strict without --quiet or -q."""
+    builds = [shlex.split(line.split("#")[0]) for line in (PROJECT_ROOT / ".ci" / "run").read_text().splitlines()
+              if "mkdocs build" in line.split("#")[0]]
+    assert builds, ".ci/run no longer builds the manual"
+    for args in builds:
+        assert "--strict" in args and "--quiet" not in args and "-q" not in args, args

@@ -88,7 +88,7 @@ def save_checkpoint(
             if path.exists():
                 path.rename(old)
             tmp.rename(path)
-    except BaseException:
+    except Exception:  # (a Ctrl-C or a kill leaves it to `recover_interrupted_writes`)
         if old.exists() and not path.exists():
             old.rename(path)  # the rename in between failed: the previous copy goes back
         shutil.rmtree(tmp, ignore_errors=True)
