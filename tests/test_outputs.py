@@ -259,6 +259,16 @@ INSIDE_A_RUN = [
 ]
 
 
+@pytest.mark.parametrize("name", ["step_30", "best"])
+def test_an_average_never_takes_the_name_of_a_checkpoint_mt_train_writes(home, monkeypatch, name):
+    """resume=auto would take `step_30` (no trainer state) for the newest; training replaces `best`."""
+    shutil.rmtree(home / C / "best")
+    before = snapshot(home)
+    line = refused(monkeypatch, average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", f"{C}/{name}")
+    assert f"-o {C}/{name}: is the name of a checkpoint mt-train writes" in line
+    assert snapshot(home) == before
+
+
 @pytest.mark.parametrize("case", INSIDE_A_RUN, ids=[c[-1] for c in INSIDE_A_RUN])
 def test_no_command_writes_inside_a_run(home, monkeypatch, case):
     """Only mt-average's checkpoint may join a run's checkpoints (`-o runs/x/checkpoints/avg`,

@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -222,6 +223,9 @@ def _check_not_inside_a_run(out: Output) -> None:
     for parent in target.parents:
         run = _run_directory(parent, strict=True)
         if run == "a run's checkpoints folder" and out.checkpoint and parent == target.parent:
+            if not out.path.exists() and re.fullmatch(r"best|step_\d+", out.path.name):
+                raise out.refuse(f"is the name of a checkpoint mt-train writes in {parent}: "
+                                 "name the average otherwise (avg5)")
             return  # a checkpoint among the run's checkpoints: mt-train leaves it alone
         if run is not None:
             raise out.refuse(f"is inside {parent}, {run}: never an output of {out.command}; "
