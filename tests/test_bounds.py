@@ -23,6 +23,8 @@ from helpers import compose_cfg
     (TrainConfig, "train", "trainer.num_threads=1000", "trainer.num_threads=1000: must be <= "),
     (TrainConfig, "train", "model.max_positions=100000", "model.max_positions=100000: must be <= 16384"),
     (TrainConfig, "train", "data.max_len=20000", "data.max_len=20000: must be <= 16384"),
+    (TrainConfig, "train", "data.max_tokens=4096000", "data.max_tokens=4096000: must be <= 131072"),
+    (TrainConfig, "train", "trainer.val_max_tokens=6000000", "trainer.val_max_tokens=6000000: must be <= 131072"),
 ])
 def test_a_setting_past_its_bound_is_refused_naming_it(schema, config, override, message):
     cfg = compose_cfg("checkpoint=x", override, config=config) if config != "train" else compose_cfg(override)
@@ -47,3 +49,17 @@ def test_cuda_memory_the_allocator_holds_unused_counts_as_free(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 60 * 2**30)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * 2**30)
     assert bounds.available_memory(torch.device("cuda:0")) == (1 + 50) * 2**30
+
+
+def test_no_shipped_batch_size_comes_near_the_bound():
+    """MAX_BATCH_TOKENS refuses a typo, never a recipe: every data.max_tokens in configs/
+    (presets, experiments, the search's choices) and scripts/ is far below it."""
+    import re
+
+    from transformer.paths import PROJECT_ROOT
+
+    texts = [p.read_text() for d in ("configs", "scripts") for p in (PROJECT_ROOT / d).rglob("*")
+             if p.suffix in (".yaml", ".py", ".sh")]
+    found = [int(n) for t in texts for m in re.finditer(r"max_tokens\W+(?:choice\()?([\d, ]+)", t)
+             for n in m[1].replace(" ", "").split(",") if n]
+    assert found and max(found) * 8 <= bounds.MAX_BATCH_TOKENS, sorted(found)

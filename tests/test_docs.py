@@ -273,3 +273,13 @@ def test_the_installation_pages_tree_names_every_module_and_no_other():
     for init in package.glob("*/__init__.py"):
         real[init.parent.name] = {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
     assert layout_tree() == real
+
+
+def test_ci_builds_the_manual_strictly_and_sees_its_warnings():
+    """`mkdocs build --strict --quiet` passed with warnings: --quiet drops them before
+    --strict counts them (#51). CI must run --strict without --quiet or -q."""
+    builds = [shlex.split(line.split("#")[0]) for line in (PROJECT_ROOT / ".ci" / "run").read_text().splitlines()
+              if "mkdocs build" in line.split("#")[0]]
+    assert builds, ".ci/run no longer builds the manual"
+    for args in builds:
+        assert "--strict" in args and "--quiet" not in args and "-q" not in args, args

@@ -130,6 +130,46 @@ def test_mt_average_replaces_only_its_own_output_and_only_with_force(home, monke
     assert sorted(p.name for p in (home / C).iterdir()) == ["avg", "best", "step_10", "step_20"]  # no leftovers
 
 
+# A marker licenses only the files it lists: one that lists nothing (written by someone
+# else: every marker the commands ever wrote lists its files) licenses nothing.
+FOREIGN_MARKERS = [{"command": "mt-average"}, {"command": "mt-average", "files": []},
+                   {"command": "mt-average", "files": "f.txt"}, {"command": "mt-average", "files": [1]}]
+
+
+@pytest.mark.parametrize("marker", FOREIGN_MARKERS, ids=[json.dumps(m) for m in FOREIGN_MARKERS])
+def test_a_marker_that_lists_nothing_licenses_nothing(home, monkeypatch, marker):
+    (home / "userdir" / outputs.DIR_MARKER).write_text(json.dumps(marker))
+    before = snapshot(home)
+    line = refused(monkeypatch, average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", "userdir",
+                   "--force")
+    assert "-o userdir: " in line and "f.txt" in line and "even with --force" in line
+    assert snapshot(home) == before
+
+
+def test_a_marker_as_the_previous_version_wrote_it_still_licenses_its_files(home, monkeypatch):
+    """The marker of commit ccc58ba's `write_dir` (command, time, the files it wrote)."""
+    avg = home / "avg"
+    shutil.copytree(home / C / "step_10", avg)
+    (avg / "trainer_state.pt").unlink(missing_ok=True)
+    files = sorted(p.name for p in avg.iterdir())
+    (avg / outputs.DIR_MARKER).write_text(json.dumps(
+        {"command": "mt-average", "time": "2026-11-20T10:00:00+0000", "files": files}) + "\n")
+    ran(monkeypatch, average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", "avg", "--force")
+    assert json.loads((avg / outputs.DIR_MARKER).read_text())["files"] == files
+
+
+def test_mt_export_never_replaces_a_users_folder_under_a_foreign_marker(home, monkeypatch):
+    if not (home / "EX").is_dir():
+        pytest.skip("no CTranslate2: no export")
+    from transformer.commands import export
+
+    (home / "userdir" / outputs.DIR_MARKER).write_text('{"command": "mt-export"}')
+    before = snapshot(home)
+    line = refused(monkeypatch, export.main, "mt-export", f"checkpoint={CK}", "output=userdir", "force=true")
+    assert "output=userdir: holds files mt-export did not write (f.txt)" in line
+    assert snapshot(home) == before
+
+
 def test_mt_average_usage_errors_are_one_line_with_status_1(home, monkeypatch):
     line = refused(monkeypatch, average.main, "mt-average", "runs/x", "--last", "0", "-o", "y")
     assert "--last N takes one run directory and N >= 1" in line
@@ -177,6 +217,11 @@ def test_mt_translate_makes_missing_folders_and_replaces_only_its_own_unchanged_
 EVALUATE_REFUSED = [
     (["output_dir=notes.txt"], "output_dir=notes.txt: notes.txt/tatoeba-test.beam.hyp cannot be made: notes.txt is a file"),
     ([f"output_dir={CK}"], "is inside an input of this command"),
+    # a run and its checkpoints are mt-train's: a file there and `resume=auto` refuses the run
+    (["output_dir=runs/x"], "a run directory: never an output of mt-evaluate"),
+    ([f"output_dir={C}"], "a run's checkpoints folder: never an output of mt-evaluate"),
+    (["output_dir=runs/x/eval"], "a run directory: never an output of mt-evaluate"),
+    ([f"output_dir={C}/step_10"], "a run's checkpoints folder: never an output of mt-evaluate"),
 ]
 
 
@@ -202,6 +247,37 @@ def test_mt_evaluate_replaces_its_files_only_with_force_and_shares_the_reference
         monkeypatch, evaluate.main, *args)
     assert snapshot(home) == before
     ran(monkeypatch, evaluate.main, *args, "force=true")
+
+
+INSIDE_A_RUN = [
+    (translate.main, "mt-translate", f"checkpoint={CK}", "input.file=in.it", "output=runs/x/out.en"),
+    (translate.main, "mt-translate", f"checkpoint={CK}", "input.file=in.it", f"output={C}/out.en"),
+    (masks_cli.main, "mt-masks", "sentences=[Ciao]", "translations=[Hello]", "output=runs/x/tb/m.png"),
+    (prepare.main, "mt-prepare", "data=sample", "data.cache_dir={home}/runs/x/cache"),  # not under cwd
+    (average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", "runs/x/avg"),
+    (average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", f"{C}/deeper/avg"),
+]
+
+
+@pytest.mark.parametrize("name", ["step_30", "best"])
+def test_an_average_never_takes_the_name_of_a_checkpoint_mt_train_writes(home, monkeypatch, name):
+    """resume=auto would take `step_30` (no trainer state) for the newest; training replaces `best`."""
+    shutil.rmtree(home / C / "best")
+    before = snapshot(home)
+    line = refused(monkeypatch, average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", f"{C}/{name}")
+    assert f"-o {C}/{name}: is the name of a checkpoint mt-train writes" in line
+    assert snapshot(home) == before
+
+
+@pytest.mark.parametrize("case", INSIDE_A_RUN, ids=[c[-1] for c in INSIDE_A_RUN])
+def test_no_command_writes_inside_a_run(home, monkeypatch, case):
+    """Only mt-average's checkpoint may join a run's checkpoints (`-o runs/x/checkpoints/avg`,
+    the recipe in docs/training.md): anything else there is refused, and the run resumes."""
+    main, *argv = (c.format(home=home) if isinstance(c, str) else c for c in case)
+    before = snapshot(home)
+    line = refused(monkeypatch, main, *argv)
+    assert "is inside " in line and "never an output of" in line and argv[-1].split("=")[-1] in line
+    assert snapshot(home) == before
 
 
 def test_mt_masks_refuses_a_picture_it_did_not_write(home, monkeypatch):

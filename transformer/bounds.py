@@ -4,7 +4,8 @@ A setting past its bound is refused before any work, naming its key (the `valida
 each config class calls these): `decode.beam_size` at most MAX_BEAM_SIZE; worker
 processes and threads (`data.num_proc`, `trainer.num_threads`, `threads`) at most the
 CPU cores this process may use; lengths (`model.max_positions`, `data.max_len`) at most
-MAX_POSITIONS. Within those, a decoding batch can still ask for more memory than the
+MAX_POSITIONS; batches (`data.max_tokens`, `trainer.val_max_tokens`) at most
+MAX_BATCH_TOKENS. Within those, a decoding batch can still ask for more memory than the
 machine has: `available_memory` is what is free now, and decoding's own estimate of a
 batch's need, which refuses one that would not fit, is in
 `transformer/decoding/batch_memory.py` (it needs the typed configs, which this layer-0
@@ -20,6 +21,12 @@ import torch
 
 MAX_BEAM_SIZE = 128  # fairseq and OpenNMT-py recipes use 4-12; past ~50 BLEU only drops
 MAX_POSITIONS = 16384  # rows of the positional table: longer is a typo, not a model
+# Padded tokens in one batch (`data.max_tokens`, `trainer.val_max_tokens`): 16x the largest
+# shipped config (8192, the GPU recipes) and 36x the per-GPU batch of Ott et al. 2018
+# (3584); a larger batch is `trainer.accum_steps`. Past it the logits alone (tokens x
+# vocabulary x 4 bytes, ~17 GB at 131,072 x 32,000) outgrow a CPU's memory before the first
+# update, as `4096000` (a typo of a few zeros) would.
+MAX_BATCH_TOKENS = 131072
 
 
 def cpu_cores() -> int:

@@ -34,7 +34,7 @@ from safetensors.torch import save_model as save_safetensors
 
 from transformer.config import ModelConfig
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import UserError, file_error
+from transformer.errors import UserError, writing
 from transformer.model.transformer import Transformer, build_model
 
 WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
@@ -81,15 +81,18 @@ def save_checkpoint(
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        write_checkpoint_files(tmp, model, tokenizer, run_config_yaml, meta, trainer_state)
-        old = path.with_name(f"{path.name}.old-{os.getpid()}")
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-    except OSError as e:  # a full disk, no permission: the previous checkpoints stay as they were
+    old = path.with_name(f"{path.name}.old-{os.getpid()}")
+    try:  # a full disk, no permission: one line, and the previous checkpoints stay as they were
+        with writing(path):
+            write_checkpoint_files(tmp, model, tokenizer, run_config_yaml, meta, trainer_state)
+            if path.exists():
+                path.rename(old)
+            tmp.rename(path)
+    except Exception:  # (a Ctrl-C or a kill leaves it to `recover_interrupted_writes`)
+        if old.exists() and not path.exists():
+            old.rename(path)  # the rename in between failed: the previous copy goes back
         shutil.rmtree(tmp, ignore_errors=True)
-        raise file_error(e, path, "write the checkpoint") from e
+        raise
     shutil.rmtree(old, ignore_errors=True)
     return path
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.bounds import MAX_BEAM_SIZE, MAX_POSITIONS, worker_limit
+from transformer.bounds import MAX_BATCH_TOKENS, MAX_BEAM_SIZE, MAX_POSITIONS, worker_limit
 from transformer.errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -188,6 +188,7 @@ class DataConfig:
         positive(f"{prefix}.spm_input_sentence_size", self.spm_input_sentence_size)
         require(self.max_tokens > self.max_len, f"{prefix}.max_tokens", self.max_tokens,
                 f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
+        _at_most(f"{prefix}.max_tokens", self.max_tokens, MAX_BATCH_TOKENS)
         positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
         positive(f"{prefix}.num_proc", self.num_proc)
         at_most_workers(f"{prefix}.num_proc", self.num_proc)
@@ -279,6 +280,7 @@ class TrainerConfig:
         for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens",
                      "diverge_after"):
             positive(f"{prefix}.{name}", getattr(self, name))
+        _at_most(f"{prefix}.val_max_tokens", self.val_max_tokens, MAX_BATCH_TOKENS)
         for name in ("max_epochs", "val_bleu_sentences", "patience", "save_every", "num_threads"):
             positive(f"{prefix}.{name}", getattr(self, name), optional=True)
         for name in ("max_hours", "heap_slack_gb"):

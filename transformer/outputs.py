@@ -8,11 +8,15 @@ folder of entries named by their content, checked by `check_folder`.) Each comma
 `check` on each of its outputs before any work starts, and it refuses, in one line
 naming the key the user typed:
 - a path that holds something, unless `force=true` and the same command wrote it, as its
-  marker says: `.mt-output` inside a directory it wrote; for a file, an entry in the
-  folder's `.mt-outputs.json` with the file's SHA-256, so a file the user changed since
-  is theirs again. An empty directory holds nothing and may be written;
+  marker says: `.mt-output` inside a directory it wrote, listing the files it wrote there
+  (a file it does not list is someone else's, and a marker that lists none licenses
+  nothing); for a file, an entry in the folder's `.mt-outputs.json` with the file's
+  SHA-256, so a file the user changed since is theirs again. An empty directory holds
+  nothing and may be written;
 - an output equal to, inside, or a parent of one of the command's inputs;
-- a run directory (`checkpoints/`, `train.log`, a `.lock`) or a run's checkpoints folder;
+- a run directory (`checkpoints/`, `train.log`, a `.lock`) or a run's checkpoints folder,
+  or a path inside one (mt-train would refuse to resume a run holding files it did not
+  write), but for a checkpoint (mt-average's) put directly in a run's checkpoints folder;
 - a path under a file, or under a folder that cannot be written.
 Then `write_dir` and `write_file` write to a temporary sibling (`NAME.tmp-PID`, a name
 nothing holds yet) that is renamed into place only when complete; an earlier output being
@@ -26,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer.config import ConfigError
-from transformer.errors import UserFileError, file_error
+from transformer.errors import writing
 
 DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
 FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
@@ -51,6 +56,8 @@ class Output:
     key and value: the setting as the user typed it (`output`, `-o`, `output_dir`), for
     messages; path: the output itself (for mt-evaluate, a file under output_dir).
     owned_before: recognises outputs this command wrote before markers existed.
+    checkpoint: the output is a checkpoint directory (mt-average), which may go into a
+    run's checkpoints folder beside the run's own (`-o runs/x/checkpoints/avg5`).
     """
 
     path: Path
@@ -60,6 +67,7 @@ class Output:
     is_dir: bool = False
     force: bool = False
     owned_before: Callable[[Path], bool] | None = None
+    checkpoint: bool = False
 
     @classmethod
     def of(cls, value: str | os.PathLike, key: str, command: str, **kw) -> Output:
@@ -109,10 +117,9 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
 def check_place(out: Output, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
     """The rules on where an output may go, whatever is there now: never a run directory
     or checkpoints folder, an input or a path around one, or under a file."""
-    run = _run_directory(out.path)
-    if run is not None:
-        raise out.refuse(f"is {run}: never an output of {out.command}; name a new path")
+    _check_not_a_run(out, "name a new path")
     _check_against_inputs(out, [Path(p) for p in inputs if p])
+    _check_not_inside_a_run(out)
     _check_parent(out)
 
 
@@ -121,10 +128,9 @@ def check_folder(out: Output, inputs: Iterable[str | os.PathLike | None], ours: 
     cannot be made or written, is or holds an input, is a run directory, or holds entries
     whose names `ours` does not recognise: the command replaces none of them, but a
     folder of the user's is not a cache."""
-    run = _run_directory(out.path)
-    if run is not None:
-        raise out.refuse(f"is {run}: name a folder of its own")
+    _check_not_a_run(out, "name a folder of its own")
     _check_against_inputs(out, [Path(p) for p in inputs if p])
+    _check_not_inside_a_run(out)
     if not out.path.exists():
         _check_parent(out)
         return
@@ -153,8 +159,7 @@ def check_input(value: str | os.PathLike | None, key: str, is_dir: bool = False)
 def owned(out: Output) -> bool:
     """Whether `out.path` is what `out.command` wrote there (and, for a file, unchanged)."""
     if out.is_dir:
-        marker = _read_json(out.path / DIR_MARKER)
-        if marker.get("command") == out.command:
+        if _marked_files(out) is not None:
             return True
         return out.owned_before is not None and out.owned_before(out.path)
     entry = _read_json(out.path.parent / FILE_MARKERS).get(out.path.name, {})
@@ -162,12 +167,25 @@ def owned(out: Output) -> bool:
 
 
 def _foreign_entries(out: Output) -> list[str]:
-    """The entries of a directory the command marked as its own that it did not write
-    (a user's file put there since); [] for a directory without its marker."""
+    """The entries of a directory the command marked as its own that its marker does not
+    list (a user's file put there since); [] for a directory without its marker. A marker
+    that lists nothing (no `files`, as none our commands ever wrote) licenses nothing."""
     marker = _read_json(out.path / DIR_MARKER)
-    if marker.get("command") != out.command or not isinstance(marker.get("files"), list):
+    if marker.get("command") != out.command:
         return []
-    return sorted(p.name for p in out.path.iterdir() if p.name not in {*marker["files"], DIR_MARKER})
+    listed = _marked_files(out) or []
+    return sorted(p.name for p in out.path.iterdir() if p.name not in {*listed, DIR_MARKER})
+
+
+def _marked_files(out: Output) -> list[str] | None:
+    """The names the directory's marker says `out.command` wrote there; None unless the
+    marker is the command's and lists them (every marker written since markers exist does)."""
+    marker = _read_json(out.path / DIR_MARKER)
+    files = marker.get("files")
+    if marker.get("command") != out.command or not isinstance(files, list) \
+            or not all(isinstance(f, str) for f in files):
+        return None
+    return files
 
 
 def _listed(names: list[str]) -> str:
@@ -194,15 +212,47 @@ def _check_against_inputs(out: Output, inputs: list[Path]) -> None:
             raise out.refuse(f"holds an input of this command ({given}): name another output")
 
 
-def _run_directory(path: Path) -> str | None:
-    """What makes `path` a run directory or a run's checkpoints folder, if it is one."""
+def _check_not_a_run(out: Output, instead: str) -> None:
+    run = _run_directory(out.path)
+    if run is not None:
+        raise out.refuse(f"is {run}: never an output of {out.command}; {instead}")
+
+
+def _check_not_inside_a_run(out: Output) -> None:
+    """Refuse a path inside a run directory: mt-train owns it (but see `Output.checkpoint`)."""
+    target = _resolved(out.path)
+    for parent in target.parents:
+        run = _run_directory(parent, strict=True)
+        if run == "a run's checkpoints folder" and out.checkpoint and parent == target.parent:
+            if not out.path.exists() and re.fullmatch(r"best|step_\d+", out.path.name):
+                raise out.refuse(f"is the name of a checkpoint mt-train writes in {parent}: "
+                                 "name the average otherwise (avg5)")
+            return  # a checkpoint among the run's checkpoints: mt-train leaves it alone
+        if run is not None:
+            raise out.refuse(f"is inside {parent}, {run}: never an output of {out.command}; "
+                             "name a path outside it")
+
+
+def _run_directory(path: Path, strict: bool = False) -> str | None:
+    """What makes `path` a run directory or a run's checkpoints folder, if it is one.
+
+    strict (for the folders above an output): only what mt-train makes, `checkpoints/`
+    beside its train.log, config.yaml or .lock, so that a project folder that merely holds
+    a `checkpoints/` or a `.lock` is not taken for a run.
+    """
     if not path.is_dir():
         return None
-    if (path / "checkpoints").is_dir() or (path / "train.log").is_file() or (path / ".lock").exists():
+    ckpts = (path / "checkpoints").is_dir()
+    log, lock = (path / "train.log").is_file(), (path / ".lock").exists()
+    if strict:
+        is_run = (ckpts and (log or lock or (path / "config.yaml").is_file())) or (log and lock)
+    else:
+        is_run = ckpts or log or lock
+    if is_run:
         return "a run directory"
-    if path.name == "checkpoints" and _run_directory(path.parent) is not None:
+    if path.name == "checkpoints" and _run_directory(path.parent, strict) is not None:
         return "a run's checkpoints folder"
-    if any(p.name.startswith("step_") and p.is_dir() for p in path.iterdir()):
+    if not strict and any(p.name.startswith("step_") and p.is_dir() for p in path.iterdir()):
         return "a checkpoints folder"
     return None
 
@@ -227,17 +277,14 @@ def write_dir(out: Output) -> Iterator[Path]:
     an error, mark it as `out.command`'s and put it in place of `out.path`."""
     tmp = _free_sibling(out.path, f"{out.path.name}.tmp-{os.getpid()}")
     try:
-        _make_parents(out)
-        yield tmp
-        tmp.mkdir(exist_ok=True)
-        marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
-        (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
-        check(out)  # again: something may have appeared meanwhile
-        _swap(tmp, out)
-    except UserFileError:
-        raise
-    except OSError as e:
-        raise file_error(e, out.path, "write", out.key) from e
+        with writing(out.path, out.key):  # a full disk: one line naming the output
+            _make_parents(out)
+            yield tmp
+            tmp.mkdir(exist_ok=True)
+            marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
+            (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
+            check(out)  # again: something may have appeared meanwhile
+            _swap(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -248,16 +295,13 @@ def write_file(out: Output) -> Iterator[Path]:
     an error, put it in place of `out.path` and record it in the folder's marker."""
     tmp = _free_sibling(out.path, f".{out.path.stem}.tmp-{os.getpid()}", out.path.suffix)
     try:
-        _make_parents(out)
-        yield tmp
-        check(out)
-        digest = _sha256(tmp)
-        _swap(tmp, out)
-        _record(out.path, {"command": out.command, "sha256": digest})
-    except UserFileError:
-        raise
-    except OSError as e:
-        raise file_error(e, out.path, "write", out.key) from e
+        with writing(out.path, out.key):
+            _make_parents(out)
+            yield tmp
+            check(out)
+            digest = _sha256(tmp)
+            _swap(tmp, out)
+            _record(out.path, {"command": out.command, "sha256": digest})
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -304,8 +348,11 @@ def _record(path: Path, entry: dict) -> None:
     known = _read_json(markers)
     known[path.name] = entry
     tmp = _free_sibling(markers, f"{markers.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-    tmp.replace(markers)
+    try:
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+        tmp.replace(markers)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _read_json(path: Path) -> dict:

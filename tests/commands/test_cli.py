@@ -209,3 +209,26 @@ def test_device_cuda_on_a_cpu_names_the_commands_own_key(checkpoint, monkeypatch
     assert call(evaluate.main, "mt-evaluate", monkeypatch, f"checkpoint={checkpoint}", "test_set=t.it,t.en",
                 "device=cuda") == f"mt-evaluate: {want}"
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_path_with_an_accented_letter_just_works(checkpoint, tmp_path, monkeypatch):
+    folder = tmp_path / "my dir"
+    folder.mkdir()
+    (folder / "città.it").write_text("Ciao\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", "input.file=my dir/città.it",
+                                      "output=così.en", "progress=false", "decode=greedy"])
+    translate.main()
+    assert (tmp_path / "così.en").read_text().count("\n") == 1
+
+
+@pytest.mark.parametrize(("arg", "example"), [
+    ("input.file=dir/città's.it", r'"input.file=\"dir/città' + "'" + r's.it\""'),
+    ("sentences=[città, così]", """'sentences=["città", "così"]'"""),
+])
+def test_a_value_hydra_cannot_read_says_how_to_quote_it(arg, example, monkeypatch):
+    from transformer.commands import masks
+
+    line = call(masks.main, "mt-masks", monkeypatch, arg)
+    assert line == (f"mt-masks: error: {arg}: Hydra cannot read this value: put it in quotes, and the "
+                    f"whole setting in quotes for the shell: {example}")

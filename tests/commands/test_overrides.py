@@ -75,3 +75,22 @@ def test_mt_prepare_of_a_replaced_mix_prepares_only_its_corpora_and_says_so(monk
     out = capsys.readouterr().out
     assert out.startswith("mix (sample 1): prepared data ")
     assert "train/sample: 400 pairs" in out and "europarl" not in out and "tatoeba" not in out
+
+
+@pytest.mark.parametrize("value", ["dir/città.it", "my dir/città.it", "perché/così è.it"])
+def test_a_path_with_an_accented_letter_is_that_path(value):
+    """Hydra stopped at the `à` (LexerNoViableAltException); Italian users meet it first (#51.4)."""
+    from transformer.commands.translate import TranslateConfig
+
+    assert rewrite([f"input.file={value}"], TranslateConfig) == [f"input.file='{value}'"]
+    cfg = composed(TranslateConfig, "checkpoint=x", f"input.file={value}", config="translate")
+    assert cfg.input.file == value
+
+
+@pytest.mark.parametrize("arg", ["sentences=[città]", "input.file=dir/città's.it", "a=città,roma",
+                                 "input.file='dir/città.it'", 'input.file="dir/città.it"', "x=città\\"])
+def test_values_hydra_reads_otherwise_are_left_to_it(arg):
+    """A list, a quote, a sweep, an escape: quoting would change what they mean."""
+    from transformer.commands.translate import TranslateConfig
+
+    assert rewrite([arg], TranslateConfig) == [arg]

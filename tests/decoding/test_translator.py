@@ -127,6 +127,19 @@ def test_one_string_in_one_string_out(checkpoint):
         translator.translate(["Ciao", None])
 
 
+@pytest.mark.parametrize(("lines", "message"), [
+    (b"Ciao", r"^lines is a bytes, not a str or an iterable of str: decode it first"),
+    (bytearray(b"Ciao"), r"^lines is a bytearray, not a str or an iterable of str: decode it first"),
+    (42, r"^lines is a int, not a str or an iterable of str$"),
+    (None, r"^lines is a NoneType, not a str or an iterable of str$"),
+    (["Ciao", b"Grazie"], r"^line 2 is a bytes, not a str: decode it first"),
+])
+def test_bytes_or_a_non_iterable_are_named_not_taken_for_lines(checkpoint, lines, message):
+    """b"Ciao" was taken for the lines 67, 105, ...: `line 1 is a int, not a str` (#51.5)."""
+    with pytest.raises(TypeError, match=message):
+        Translator.load(checkpoint, method="greedy").translate(lines)
+
+
 def test_device_and_precision_are_honoured(checkpoint, monkeypatch):
     used = []
 

@@ -37,6 +37,90 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
+def first_save_crashed(run_dir: Path) -> int:
+    """The run as a kill during its first step checkpoint's save leaves it: `best` written,
+    then `step_N.tmp-PID` half written (of a process that is gone); returns N."""
+    ckpts = run_dir / "checkpoints"
+    step = ckpt.load_meta(ckpts / "best")["step"]
+    for p in ckpts.glob("step_*"):
+        subprocess.run(["rm", "-r", str(p)], check=True)
+    half = ckpts / f"step_{step}.tmp-999999999"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"half a file")
+    return step
+
+
+def test_a_crash_during_the_first_step_save_starts_the_run_again(finished_run, tmp_path, capfd):
+    """It was a dead end: `holds checkpoints (best) but no step checkpoint to resume from` (#51.6)."""
+    run_dir = copy_run(finished_run, tmp_path / "run")
+    step = first_save_crashed(run_dir)
+    best = (run_dir / "checkpoints" / "best" / "model.safetensors").read_bytes()
+    trainer = run(run_dir, "trainer.resume=auto", "trainer.max_steps=5", "trainer.val_every=5")
+    said = [line for line in capfd.readouterr().err.splitlines() if "starting the run again" in line]
+    assert len(said) == 1 and f"holds only best (step {step})" in said[0] and f"step_{step}" in said[0]
+    assert trainer.state.step == 5  # from step 0: nothing whole to resume from
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["best", "step_5"]  # the half-written step is gone, best is the new run's
+    assert (run_dir / "checkpoints" / "best" / "model.safetensors").read_bytes() != best or step == 5
+
+
+@pytest.mark.parametrize("change", ["no half-written step", "another step half-written",
+                                    "best with a trainer state", "best written by mt-average"])
+def test_a_best_alone_without_that_evidence_is_still_refused(finished_run, tmp_path, change):
+    run_dir = copy_run(finished_run, tmp_path / "run")
+    step = first_save_crashed(run_dir)
+    ckpts = run_dir / "checkpoints"
+    if change == "no half-written step":
+        subprocess.run(["rm", "-r", str(ckpts / f"step_{step}.tmp-999999999")], check=True)
+    elif change == "another step half-written":
+        (ckpts / f"step_{step}.tmp-999999999").rename(ckpts / f"step_{step + 1}.tmp-999999999")
+    elif change == "best with a trainer state":
+        (ckpts / "best" / ckpt.STATE).write_bytes(b"state")
+    else:
+        (ckpts / "best" / ".mt-output").write_text('{"command": "mt-average", "files": []}')
+    before = {k: v for k, v in snapshot(run_dir).items() if ".tmp-" not in k}
+    with pytest.raises(RunDirError, match=r"holds checkpoints \(best\) but no step checkpoint"):
+        open_run_dir(run_dir, "auto")
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.slow
+def test_a_real_kill_during_the_first_step_save_starts_the_run_again(tmp_path):
+    """A process writes `best`, then is killed (SIGKILL) halfway through `step_10`."""
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(PROJECT_ROOT / "tests")!r})
+import torch
+from pathlib import Path
+from helpers import tiny_checkpoint
+from transformer import checkpoint as ckpt
+run = Path(sys.argv[1])
+model, tokenizer = ckpt.load_model(tiny_checkpoint(run / "seed"))
+ckpt.save_checkpoint(run / "checkpoints" / "best", model, tokenizer, "", {{"step": 10}})
+(run / "seed").rename(run.parent / "seed")
+def stall(obj, f, *a, **k):
+    open(f, "wb").write(b"half")
+    (run.parent / "writing").touch()
+    time.sleep(60)
+torch.save = stall
+ckpt.save_checkpoint(run / "checkpoints" / "step_10", model, tokenizer, "", {{"step": 10}}, {{"x": 1}})
+"""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(run_dir)],
+                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "writing").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (tmp_path / "writing").exists(), "the writer never reached step_10"
+    proc.kill()  # SIGKILL: no cleanup runs
+    proc.wait()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best", f"step_10.tmp-{proc.pid}"]
+    opened = open_run_dir(run_dir, "auto")
+    opened.close()
+    assert opened.resume_from == [] and "best" in opened.owned  # a new run, which may replace best
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best"]
+
+
 def test_a_new_run_never_replaces_an_earlier_runs_checkpoints(finished_run, tmp_path):
     run_dir = copy_run(finished_run, tmp_path / "run")
     before = snapshot(run_dir)

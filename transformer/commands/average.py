@@ -11,8 +11,8 @@ float64 and stored in the original dtype. The result is a complete checkpoint di
 it translates and evaluates like any other, but training cannot resume from it.
 
 The output is checked before anything is loaded (`transformer/outputs.py`): it must be a
-new path (or an empty directory), never a run directory, a checkpoints folder or an
-input; `--force` replaces only an earlier average (its `.mt-output` marker says so).
+new path (or an empty directory), never a run directory, a checkpoints folder, a path
+inside a run other than a new checkpoint in its checkpoints folder, or an input; `--force` replaces only an earlier average (its `.mt-output` marker says so).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def average_checkpoints(paths: list[Path]) -> tuple[Transformer, Tokenizer]:
 def average(paths: list[Path], output: Path, force: bool = False) -> Path:
     """Average `paths` into a new checkpoint directory `output` (checked first: see the
     module's docstring); returns its path."""
-    out = outputs.Output.of(output, "-o", "mt-average", is_dir=True, force=force)
+    out = outputs.Output.of(output, "-o", "mt-average", is_dir=True, force=force, checkpoint=True)
     outputs.check(out, inputs=paths)
     model, tokenizer = average_checkpoints(paths)
     newest = paths[-1]

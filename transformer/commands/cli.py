@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
@@ -116,6 +116,8 @@ def error_message(e: BaseException) -> str:
     cause = e.__cause__
     if isinstance(e, HydraException) and isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
         return error_message(cause)  # a value of the wrong type: named as `to_dataclass` names it
+    if isinstance(e, OverrideParseException) and "=" in (e.override or ""):
+        return _unreadable_override(e.override)
     if isinstance(e, HydraException):  # the command line itself: an unknown key, a bad group
         parts = [str(e), str(e.__cause__ or "")]
         lines = [line.strip() for part in parts for line in part.split("Config search path")[0].splitlines()]
@@ -127,6 +129,19 @@ def error_message(e: BaseException) -> str:
     if isinstance(e, OmegaConfBaseException):
         return omegaconf_error_line(e)
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def _unreadable_override(override: str) -> str:
+    """An override Hydra's grammar cannot read (an accented letter in a list, a stray
+    quote), with how to quote it in the shell."""
+    key, _, value = override.partition("=")
+    if value.startswith("[") and value.endswith("]") and '"' not in value:  # each item quoted
+        quoted = "[" + ", ".join(f'"{v.strip()}"' for v in value[1:-1].split(",")) + "]"
+    else:
+        quoted = f'"{value}"'
+    shell = f"'{key}={quoted}'" if "'" not in quoted else '"' + f"{key}={quoted}".replace('"', '\\"') + '"'
+    return (f"{override}: Hydra cannot read this value: put it in quotes, and the whole "
+            f"setting in quotes for the shell: {shell}")
 
 
 def run(prog: str, job: Callable[[], R]) -> R:

@@ -20,6 +20,12 @@
   composed value is not known yet when the command line is read.
 - `test_set=src.it,ref.en`, a comma in a text setting of a single run, is that text:
   Hydra would call it ambiguous (a list? a sweep?); it is quoted for it.
+- `input.file=dir/città.it`, a value with a letter outside ASCII (with or without a
+  space): Hydra's grammar takes only ASCII in a value it is not told is quoted, and
+  stops at the `à` (LexerNoViableAltException); the value is quoted for it,
+  `input.file='dir/città.it'`. Not a value Hydra reads as a list, a dict, a sweep or a
+  function (`[`, `{`, `,`, `(`) or one with a quote: `cli.error_message` says how to
+  quote those.
 """
 
 from __future__ import annotations
@@ -77,7 +83,16 @@ def _rewrite_one(arg: str, schema: type, multirun: bool) -> list[str]:
     if (found and not multirun and _is_text(found[0]) and "," in value
             and not value.startswith(("'", '"', "[", "{")) and "'" not in value):
         return [f"{key}='{value}'"]
+    if _plain_text_beyond_ascii(value):
+        return [f"{key}='{value}'"]
     return [arg]
+
+
+def _plain_text_beyond_ascii(value: str) -> bool:
+    """A value with a letter outside ASCII (`città`) that is a text as typed: no quotes,
+    list, dict, sweep or function Hydra would read in it, no escape at its end."""
+    return (not value.isascii() and not value.startswith(("[", "{"))
+            and not any(c in value for c in "'\",()") and not value.endswith("\\"))
 
 
 def _field(schema: type, dotted: str) -> tuple[Any, Any] | None:

@@ -33,6 +33,7 @@ from transformer.device import (
     keep_large_blocks_in_the_heap,
     resolve_precision,
 )
+from transformer.errors import writing
 from transformer.model.transformer import build_model, count_parameters
 from transformer.paths import USER_PATH_KEYS, user_path
 from transformer.training import finetune
@@ -128,7 +129,8 @@ def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, devic
                       device, dist_info, owned=run.owned)
     trainer.resume(run.resume_from)
     if dist_info.is_main:  # only once every check has passed: a refused run changes nothing
-        (run.path / "config.yaml").write_text(run_config_yaml)
+        with writing(run.path / "config.yaml", doing="write"):
+            (run.path / "config.yaml").write_text(run_config_yaml)
     state = trainer.fit()
     log.info("finished at step %d (epoch %d); best dev BLEU %.2f; %d skipped steps",
              state.step, state.epoch, state.best_bleu, state.skipped_steps)

@@ -42,6 +42,7 @@ from transformer.data.encode_split import ARROW, LengthFilter, SplitWriter
 from transformer.data.mixture import CorpusMixture, mix_sample
 from transformer.data.tokenizer import TOKENIZER_RECIPE, Tokenizer, load_or_train_tokenizer
 from transformer.data.workers import Workers
+from transformer.errors import writing
 from transformer.outputs import atomic_write
 from transformer.paths import project_path, user_path
 
@@ -122,8 +123,9 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     if prepared is None:
         del timer.seconds["load cached"]
         work = _work_folder(cfg)
-        try:
-            with Workers(cfg.num_proc) as workers:
+        try:  # a full disk while writing the cache: one line naming it, and nothing left half-made
+            with writing(cfg.cache_dir, "data.cache_dir", "write the prepared data in"), \
+                    Workers(cfg.num_proc) as workers:
                 with timer("read and clean"):
                     corpora = {name: clean_corpus(sub, work, _prefix(cfg, name), workers)
                                for name, sub in corpus_configs(cfg).items()}

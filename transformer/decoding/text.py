@@ -287,8 +287,8 @@ def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | 
             the whole process.
 
     Returns:
-        The model (a `Transformer` in eval mode on the device, or a `CT2Model`), its
-        tokenizer, and the torch device it runs on.
+        (model, tokenizer, device) (tuple): The model (a `Transformer` in eval mode on
+            the device, or a `CT2Model`), its tokenizer, and the torch device it runs on.
 
     Raises:
         CheckpointError: no checkpoint given, or one that is missing, incomplete or

@@ -95,6 +95,24 @@ def _check_path(path: str | Path) -> Path:
     return where
 
 
+def _as_lines(lines: Any) -> tuple[list[str], bool]:
+    """`translate`'s argument as a list of lines, and whether it was a single str; a
+    TypeError naming the argument or the line for anything else (bytes: decode them)."""
+    def wrong(what: str, value: Any, wanted: str) -> TypeError:
+        hint = ": decode it first (.decode('utf-8'))" if isinstance(value, (bytes, bytearray, memoryview)) else ""
+        return TypeError(f"{what} is a {type(value).__name__}, not {wanted}{hint}")
+
+    if isinstance(lines, str):
+        return [lines], True
+    if isinstance(lines, (bytes, bytearray, memoryview)) or not isinstance(lines, Iterable):
+        raise wrong("lines", lines, "a str or an iterable of str")
+    batch = list(lines)
+    for i, line in enumerate(batch):
+        if not isinstance(line, str):
+            raise wrong(f"line {i + 1}", line, "a str")
+    return batch, False
+
+
 class Translator:
     """A model and its tokenizer, ready to translate lines of Italian into English.
 
@@ -200,13 +218,9 @@ class Translator:
         Raises:
             ConfigError: a bad setting (the message names mt-translate's key, e.g.
                 `decode.beam_size`).
-            TypeError: a line that is not a string.
+            TypeError: `lines` or one of them is not a str (bytes included).
         """
-        single = isinstance(lines, str)
-        batch = [lines] if single else list(lines)
-        for i, line in enumerate(batch):
-            if not isinstance(line, str):
-                raise TypeError(f"line {i + 1} is a {type(line).__name__}, not a str")
+        batch, single = _as_lines(lines)
         if nbest is not None:
             settings = {**settings, "nbest": nbest}
         cfg = decode_config(self.decode, settings)

@@ -57,6 +57,7 @@ from transformer.config import ConfigError
 from transformer.data import sentences
 from transformer.decoding.ct2_model import require_ctranslate2
 from transformer.deploy.ct2_export import CheckpointConverter, ExportConfig, ExportError
+from transformer.errors import writing
 from transformer.model.layers import sinusoid_table
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ def export_argos(cfg: ExportConfig) -> Path:
     converter = ArgosConverter.from_model(model, pieces)
     name = output.name[: -len(SUFFIX)]
     output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="argos-", dir=output.parent) as tmp:
+    with writing(output, "output"), tempfile.TemporaryDirectory(prefix="argos-", dir=output.parent) as tmp:
         root = Path(tmp) / name
         root.mkdir()
         quantization = None if cfg.quantization == "none" else cfg.quantization

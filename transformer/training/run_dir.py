@@ -5,7 +5,9 @@ A run directory holds one run: `checkpoints/` (`step_N`, `best`), `tb/`, `train.
 - locks it (`.lock`), so two processes never train into the same directory;
 - finishes or undoes checkpoint writes a crash interrupted (`recover_interrupted_writes`);
 - decides what the run continues from: with `trainer.resume=auto` the newest step
-  checkpoint of the directory, with `never` nothing, or the checkpoint named;
+  checkpoint of the directory (none where a crash came during the first one's save, with
+  only `best` written: the run starts again, and says so), with `never` nothing, or the
+  checkpoint named;
 - refuses to start a new run in a directory that holds another run's checkpoints, naming
   the ways out: a run never deletes or replaces checkpoints it did not write.
 `check_resumable` then refuses a model config that differs from the checkpoint's, before
@@ -15,6 +17,7 @@ the data is prepared and before `config.yaml` is written.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ try:
 except ImportError:  # not POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
+log = logging.getLogger(__name__)
 # Fields the tokenizer sets at training time; a resumed run checks the tokenizer itself.
 _DATA_FIELDS = ("vocab_size", "pad_id", "bos_id", "eos_id")
 # Everything mt-train writes into a run directory; anything else there is someone else's.
@@ -85,9 +89,11 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
     except OSError as e:  # a file in the way, no permission, a full disk
         raise file_error(e, path, "use it as the run directory", "trainer.run_dir") from e
     try:
+        unfinished: set[str] = set()
         if is_main:
+            unfinished = _unfinished_writes(path / "checkpoints")
             ckpt.recover_interrupted_writes(path / "checkpoints")
-        return _decide(path, resume, lock)
+        return _decide(path, resume, lock, unfinished)
     except BaseException:
         if lock is not None:
             lock.close()
@@ -106,7 +112,17 @@ def _check_only_ours(path: Path) -> None:
                           "give the run a directory of its own (a new path)")
 
 
-def _decide(path: Path, resume: str, lock: IO | None) -> RunDir:
+def _unfinished_writes(ckpt_dir: Path) -> set[str]:
+    """The checkpoints a crash stopped mt-train writing for the first time (`NAME.tmp-PID`
+    left, and no `NAME.old-PID`: nothing was being replaced)."""
+    if not ckpt_dir.is_dir():
+        return set()
+    left = [m for p in ckpt_dir.iterdir() if (m := ckpt.LEFTOVER.match(p.name))]
+    replacing = {m["name"] for m in left if m["kind"] == "old"}
+    return {m["name"] for m in left if m["kind"] == "tmp" and m["name"] not in replacing}
+
+
+def _decide(path: Path, resume: str, lock: IO | None, unfinished: set[str]) -> RunDir:
     existing = ckpt.checkpoints(path)
     names = {p.name for p in existing}
     shown = ", ".join(sorted(names)[:6]) + (", ..." if len(names) > 6 else "")
@@ -118,6 +134,8 @@ def _decide(path: Path, resume: str, lock: IO | None) -> RunDir:
         return RunDir(path, lock=lock)
     if resume == "auto":
         steps = ckpt.step_checkpoints(path)
+        if not steps and _only_a_first_best(path, existing, unfinished):
+            return RunDir(path, [], names, lock)  # a new run, which writes its own `best`
         if not steps and existing:
             raise RunDirError(
                 f"{path} holds checkpoints ({shown}) but no step checkpoint to resume from: "
@@ -130,6 +148,29 @@ def _decide(path: Path, resume: str, lock: IO | None) -> RunDir:
             f"{path} already holds checkpoints of another run ({shown}): to start from "
             f"{source}, give the new run its own trainer.run_dir")
     return RunDir(path, [source], names, lock)
+
+
+def _only_a_first_best(path: Path, existing: list[Path], unfinished: set[str]) -> bool:
+    """Whether the run's only checkpoint is the `best` mt-train wrote just before a crash
+    (a kill, a power cut) stopped it writing its first step checkpoint, `step_N` of the
+    same step: weights without a trainer state, written by no other command. Nothing to
+    resume from, and nothing of anyone else's: the run starts again (its first validation
+    replaces `best`). A `best` alone without that evidence (step checkpoints deleted by
+    hand) is still refused."""
+    best = path / "checkpoints" / "best"
+    if [p.name for p in existing] != ["best"] or (best / ckpt.STATE).exists() \
+            or (best / ".mt-output").exists():
+        return False
+    try:
+        step = ckpt.load_meta(best).get("step")
+    except ckpt.CheckpointError:
+        return False
+    if f"step_{step}" not in unfinished:
+        return False
+    log.warning("trainer.resume=auto: %s holds only best (step %s): the run was stopped while "
+                "writing its first step checkpoint, step_%s; starting the run again from step 0",
+                path / "checkpoints", step, step)
+    return True
 
 
 def check_resumable(candidate: Path, model_cfg: ModelConfig) -> None:
