@@ -115,6 +115,7 @@ def translate_nbest(
     progress: bool = False,
     after_batch: Callable[[], object] | None = None,
     counts: dict[str, int] | None = None,
+    first_line: int = 1,
 ) -> list[list[tuple[str, float]]]:
     """The n-best (text, score) list of every line, in input order.
 
@@ -140,6 +141,8 @@ def translate_nbest(
         after_batch: called with no arguments after each decoding batch.
         counts: if given, receives `lines`, `sentences` and `units` (decoded sentences
             and pieces of long ones).
+        first_line: the number warnings give `lines[0]` (`stream.iter_nbest` translates
+            a file a window at a time).
 
     Returns:
         For each line, in input order, its n-best list of (text, score), best first: one
@@ -159,7 +162,7 @@ def translate_nbest(
     device = torch.device(device)
     cfg = decode_settings(cfg, device, model)
     segs = segment(lines, tokenizer, model.cfg.max_positions, cfg.split_sentences)
-    _warn_long(segs, model.cfg.max_positions)
+    _warn_long(segs, model.cfg.max_positions, first_line)
     if counts is not None:
         counts.update(lines=len(lines), sentences=segs.sentences, units=len(segs.ids))
     src = segs.ids
@@ -195,10 +198,10 @@ def join_nbest(parts: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
     return [(join_texts([p[k][0] for p in parts]), sum(p[k][1] for p in parts)) for k in range(n)]
 
 
-def _warn_long(segs: Segments, max_len: int) -> None:
+def _warn_long(segs: Segments, max_len: int, first_line: int = 1) -> None:
     """One warning for lines with a sentence cut into pieces, one for any truncated word."""
     def shown(lines: list[int]) -> str:
-        return ", ".join(str(i + 1) for i in lines[:10]) + (", ..." if len(lines) > 10 else "")
+        return ", ".join(str(i + first_line) for i in lines[:10]) + (", ..." if len(lines) > 10 else "")
 
     if segs.cut:
         log.warning("%d input line(s) hold a sentence longer than the model's limit of %d tokens: "
@@ -256,10 +259,10 @@ def translate_lines(
     return [hyps[0][0] for hyps in nbest]
 
 
-def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
-    """fairseq-like n-best lines: `i ||| hypothesis ||| score`."""
+def format_nbest(nbest: list[list[tuple[str, float]]], start: int = 0) -> list[str]:
+    """fairseq-like n-best lines: `i ||| hypothesis ||| score`, i counting from `start`."""
     return [f"{i} ||| {text} ||| {score:.4f}"
-            for i, hyps in enumerate(nbest) for text, score in hyps]
+            for i, hyps in enumerate(nbest, start) for text, score in hyps]
 
 
 def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None):
