@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import torch
 
-from transformer import Translator
+from transformer import Translation, Translator
 from transformer.checkpoint import load_model
 from transformer.commands import translate
 from transformer.config import ConfigError, DecodeConfig
@@ -115,7 +116,7 @@ def test_a_model_in_memory_translates_as_its_checkpoint(checkpoint):
     settings = DecodeConfig(method="greedy", max_len_b=6)
     assert Translator(model, tokenizer, decode=settings).translate(LINES) == \
         Translator.load(checkpoint, method="greedy", max_len_b=6).translate(LINES)
-    with pytest.raises(ConfigError, match=r"^decode\.beam_size=0: must be >= 1$"):
+    with pytest.raises(ConfigError, match=r"^beam_size=0: must be >= 1$"):
         Translator(model, tokenizer, decode=DecodeConfig(beam_size=0))
 
 
@@ -158,7 +159,7 @@ def test_a_bad_path_is_one_user_error_naming_it(checkpoint, tmp_path, where):
     assert "checkpoint directory" in msg and "CTranslate2 export" in msg
 
 
-def test_a_bad_setting_is_mt_translates_config_error(checkpoint, monkeypatch):
+def test_a_bad_setting_is_mt_translates_config_error_naming_the_keyword(checkpoint, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", "input.text=Ciao",
                                       "decode.beam_size=0"])
     with pytest.raises(SystemExit) as exit_info:
@@ -168,26 +169,30 @@ def test_a_bad_setting_is_mt_translates_config_error(checkpoint, monkeypatch):
     translator = Translator.load(checkpoint)
     with pytest.raises(ConfigError) as info:
         translator.translate(["Ciao"], beam_size=0)
-    assert str(info.value) == message
-    with pytest.raises(ConfigError, match=r"^decode\.beam_size=0: must be >= 1$"):
+    assert str(info.value) == message.removeprefix("decode.")  # the keyword, not the key
+    with pytest.raises(ConfigError, match=r"^beam_size=0: must be >= 1$"):
         Translator.load(checkpoint, beam_size=0)
     refused = {
-        "nbest": (dict(nbest=4, beam_size=3), r"^decode\.nbest=4: cannot exceed decode\.beam_size=3$"),
-        "type": (dict(max_len_b="six"), r"^decode\.max_len_b: Value 'six' .* could not be converted"),
-        "finite": (dict(lenpen=float("nan")), r"^decode\.lenpen=nan: must be a finite number$"),
-        "unknown": (dict(beam=3), r"^decode\.beam: not a decode setting; the settings are method, "),
+        "nbest": (dict(nbest=4, beam_size=3), r"^nbest=4: cannot exceed beam_size=3$"),
+        "greedy": (dict(nbest=2, method="greedy"), r"^nbest=2: .* use method='beam' for an n-best"),
+        "method": (dict(method="beamm"), r"^method='beamm': choose greedy or beam$"),
+        "type": (dict(max_len_b="six"), r"^max_len_b: Value 'six' .* could not be converted"),
+        "finite": (dict(lenpen=float("nan")), r"^lenpen=nan: must be a finite number$"),
+        "unknown": (dict(beam=3), r"^beam: not a decode setting; the settings are method, "),
+        "precision": (dict(precision="fp16"), r"^precision='fp16' needs CUDA .* use precision='auto'"),
     }
     for keywords, pattern in refused.values():
-        with pytest.raises(ConfigError, match=pattern):
+        with pytest.raises(ConfigError, match=pattern) as bad:
             translator.translate(["Ciao"], **keywords)
+        assert "decode." not in str(bad.value) and "decode=" not in str(bad.value)
 
 
 @pytest.mark.parametrize("keywords, pattern", [
-    (dict(precision="fp16"), r"^decode\.precision=fp16 needs CUDA"),
-    (dict(precision="fp64"), r"^decode\.precision='fp64': choose one of auto, fp32, bf16, fp16$"),
+    (dict(precision="fp16"), r"^precision='fp16' needs CUDA"),
+    (dict(precision="fp64"), r"^precision='fp64': choose one of auto, fp32, bf16, fp16$"),
     (dict(device="gpu"), r"^device='gpu': choose auto, cpu, cuda or cuda:N$"),
     (dict(threads=0), r"^threads=0: must be >= 1"),
-    (dict(nbest=2), r"^decode\.nbest: give nbest to translate\(\)"),
+    (dict(nbest=2), r"^nbest: give it to translate\(\)"),
 ])
 def test_a_bad_load_keyword_names_its_key(checkpoint, keywords, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -195,24 +200,35 @@ def test_a_bad_load_keyword_names_its_key(checkpoint, keywords, pattern):
 
 
 def test_an_export_takes_precision_auto_only(export_dir):
-    with pytest.raises(ConfigError, match=r"^decode\.precision=fp32: an exported model computes"):
+    with pytest.raises(ConfigError, match=r"^precision='fp32': an exported model computes"):
         Translator.load(export_dir, device="cpu", precision="fp32")
 
 
-def test_import_transformer_does_not_import_torch():
+def test_import_transformer_does_not_import_torch_or_change_the_process():
     """The package's face is lazy: LibreTranslate's venv imports transformer.deploy.serving,
-    with only the standard library; and the OpenMP policy must be set before torch loads."""
+    with only the standard library. Importing it sets nothing (OMP_WAIT_POLICY is the
+    commands': `transformer.commands` sets it, before torch loads)."""
     code = """if True:
         import os, sys
         import transformer
         assert "torch" not in sys.modules, "import transformer imported torch"
-        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-        assert {"Transformer", "Translator"} <= set(dir(transformer)) & set(transformer.__all__)
+        assert "OMP_WAIT_POLICY" not in os.environ, "import transformer set OMP_WAIT_POLICY"
+        names = {"Transformer", "Translator", "Translation", "UserError", "ConfigError",
+                 "CheckpointError", "DataError", "OutputError", "ExportError"}
+        assert names <= set(dir(transformer)) & set(transformer.__all__)
+        assert set(transformer._LAZY) | {"__version__"} == set(transformer.__all__)
+        from transformer import ConfigError, UserError
+        from transformer.errors import ConfigError as C
+        assert ConfigError is C and issubclass(ConfigError, UserError)
+        assert "torch" not in sys.modules, "the errors imported torch"
+        for name in transformer._LAZY:
+            assert isinstance(getattr(transformer, name), type), name
         from transformer import Translator, Transformer
         from transformer.decoding.translator import Translator as T
         from transformer.model.transformer import Transformer as M
         assert (Translator, Transformer) == (T, M) and "torch" in sys.modules
         assert transformer.Translator is T
+        assert "OMP_WAIT_POLICY" not in os.environ
         try:
             transformer.Translatr
         except AttributeError as e:
@@ -220,7 +236,24 @@ def test_import_transformer_does_not_import_torch():
         else:
             raise AssertionError("a misspelt name resolved")
     """
+    commands = """if True:
+        import os, sys
+        import transformer.commands.translate
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    """
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    for source in (code, commands):
+        done = subprocess.run([sys.executable, "-c", source], cwd=PROJECT_ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+
+def test_the_package_is_typed():
+    assert (PROJECT_ROOT / "transformer" / "py.typed").is_file()
+    assert 'transformer = ["py.typed"]' in (PROJECT_ROOT / "pyproject.toml").read_text()
+    overloads = typing.get_overloads(Translator.translate)
+    assert len(overloads) == 8  # str or iterable x nbest or not x scores or not
+    returns = {typing.get_type_hints(f)["return"] for f in overloads}
+    assert {str, list[str], Translation, list[list[Translation]]} <= returns
+    assert len(typing.get_overloads(Translator.translate_iterable)) == 4
+    assert len(typing.get_overloads(Translator.score)) == 2
