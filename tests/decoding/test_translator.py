@@ -127,7 +127,7 @@ def test_one_string_in_one_string_out(checkpoint):
     translator = Translator.load(checkpoint, method="greedy", max_len_b=6)
     assert translator.translate("Sì, certo!") == translator.translate(["Sì, certo!"])[0]
     assert translator.translate(x for x in ["Ciao", ""]) == translator.translate(["Ciao", ""])
-    with pytest.raises(TypeError, match="line 2 is a NoneType, not a str"):
+    with pytest.raises(TypeError, match=r"lines\[1\] is a NoneType, not a str"):
         translator.translate(["Ciao", None])
 
 
@@ -397,7 +397,7 @@ def test_translate_iterable_is_lazy_and_keeps_input_order(words):
         translator.translate_iterable(endless(), beam_size=0)
     with pytest.raises(TypeError, match="for one str use translate"):
         translator.translate_iterable("Ciao")
-    with pytest.raises(TypeError, match="line 2 is a NoneType"):
+    with pytest.raises(TypeError, match=r"lines\[1\] is a NoneType"):
         list(translator.translate_iterable(["Ciao", None]))
 
 

@@ -129,3 +129,36 @@ def check_lines(lines: object, name: str = "lines") -> None:
     if isinstance(lines, (bytes, bytearray, memoryview)):
         raise TypeError(f"{name} is {type(lines).__name__}, not str: decode it first "
                         f"({name}.decode('utf-8'))")
+
+
+def check_iterable(lines: object) -> None:
+    """Refuse bytes or a single str where an iterable of lines belongs."""
+    check_lines(lines)
+    if isinstance(lines, str):
+        raise TypeError("translate_iterable takes an iterable of lines; for one str use "
+                        "translate(line)")
+
+
+def as_lines(lines: object, name: str = "lines") -> tuple[list[str], bool]:
+    """(the lines as a list, whether a single str was given); TypeError for bytes or for
+    a line that is not a str (named: `lines[2]`)."""
+    check_lines(lines, name)
+    single = isinstance(lines, str)
+    found = [lines] if single else list(lines)  # type: ignore[call-overload]
+    for i, line in enumerate(found):
+        if not isinstance(line, str):
+            raise TypeError(f"{name}[{i}] is a {type(line).__name__}, not a str")
+    return found, single
+
+
+def as_pairs(sources: object, targets: object) -> tuple[list[str], list[str], bool]:
+    """`Translator.score`'s arguments as two lists of as many str, and whether both were
+    a single str; TypeError or ValueError naming what does not fit."""
+    src, single = as_lines(sources, "sources")
+    tgt, single_target = as_lines(targets, "targets")
+    if single != single_target:
+        raise TypeError("give sources and targets both as a str, or both as lists of str")
+    if len(src) != len(tgt):
+        raise ValueError(f"{len(src)} sources but {len(tgt)} targets: give one translation "
+                         "per source line")
+    return src, tgt, single

@@ -64,13 +64,13 @@ def windows(lines: Iterable[str], tokenizer: Tokenizer, max_tokens: int,
     or lines, or (with `ready`) when no further line is waiting.
 
     Raises:
-        TypeError: a line that is not a str (named by its number, from 1).
+        TypeError: a line that is not a str (named by its index: `lines[3]`).
     """
     window: list[str] = []
     tokens = 0
     for n, line in enumerate(lines, start=1):
         if not isinstance(line, str):
-            raise TypeError(f"line {n} is a {type(line).__name__}, not a str")
+            raise TypeError(f"lines[{n - 1}] is a {type(line).__name__}, not a str")
         window.append(line)
         tokens += len(tokenizer.encode([normalize(line)])[0])
         if tokens >= max_tokens or len(window) >= max_tokens or (ready is not None and not ready()):

@@ -39,7 +39,9 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import (
     SETTINGS,
     as_arguments,
-    check_lines,
+    as_lines,
+    as_pairs,
+    check_iterable,
     check_path,
     decode_config,
     torch_threads,
@@ -68,41 +70,27 @@ class Translation:
 class Translator:
     """A model and its tokenizer, ready to translate lines of Italian into English.
 
-    Build one with `Translator.load(path)`. `model` is a `Transformer` (in eval mode) or,
-    for an export, a `ct2_model.CT2Model`; `tokenizer` the SentencePiece model that came
-    with it; `device` where it runs; `decode` the settings `translate` starts from;
-    `threads` torch's threads during its calls (None: torch's own setting).
-
-    One Translator may serve several threads at once if they share its `threads` (torch's
-    thread count is the process's: calls with different counts would change each other's).
+    Build one with `Translator.load(path)`. `model` is a `Transformer` or an export's
+    `ct2_model.CT2Model`; `tokenizer` its SentencePiece model; `device` where it runs;
+    `decode` the settings `translate` starts from; `threads` torch's threads during its
+    calls (None: torch's setting as it is). Several Python threads may share one
+    Translator if they share its `threads`: torch's thread count is the process's.
     """
 
     def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *,
                  device: torch.device | str | None = None, decode: DecodeConfig | None = None,
                  path: Path | None = None, threads: int | None = None) -> None:
-        """A Translator for a model already in memory (`load` reads one from disk).
-
-        Args:
-            model: a `Transformer` or a `ct2_model.CT2Model`.
-            tokenizer: the model's SentencePiece tokenizer.
-            device: where the model is; None: where its weights are.
-            decode: the settings `translate` starts from (checked here); None:
-                `DecodeConfig()`.
-            path: the directory the model came from, if any (for `repr`).
-            threads: torch's intra-op threads during this translator's calls, restored
-                after each; None: leave torch's setting alone. (An export's threads are
-                its own: `load`'s `threads`.)
-        """
+        """A Translator for a `Transformer` or `CT2Model` already in memory on `device`
+        (None: where its weights are), with its tokenizer; `decode`: the settings
+        `translate` starts from (checked here); `path`: where it came from (for `repr`);
+        `threads`: torch's threads during its calls (not an export's: `load` sets those)."""
         model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
         if device is None:
             device = model.device if isinstance(model, CT2Model) else next(model.parameters()).device
         with as_arguments():
             positive("threads", threads, optional=True)
             self.decode = decode_config(DecodeConfig() if decode is None else decode, {})
-        self.model = model
-        self.tokenizer = tokenizer
-        self.device = torch.device(device)
-        self.path = path
+        self.model, self.tokenizer, self.device, self.path = model, tokenizer, torch.device(device), path
         self.threads = None if isinstance(model, CT2Model) else threads
 
     @classmethod
@@ -111,23 +99,18 @@ class Translator:
         """Load a checkpoint directory or a CTranslate2 export (`mt-export`).
 
         Args:
-            path: a checkpoint directory (`model.safetensors`, `model.json`,
-                `tokenizer.model`) or an export directory (`export.json` beside
-                CTranslate2's files).
+            path: a checkpoint directory (`model.safetensors`, `model.json`, ...) or an
+                export directory (`export.json` beside CTranslate2's files).
             device: `auto` (CUDA where there is a GPU, else the CPU), `cpu`, `cuda` or
                 `cuda:N` (or a `torch.device`): mt-translate's `device`.
             precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
-                native bf16, else fp32), `fp32`, `bf16` or `fp16` (CUDA only):
-                mt-translate's `decode.precision`. An export computes in the type it was
-                exported with and takes only `auto`.
+                native bf16, else fp32), `fp32`, `bf16` or `fp16` (CUDA only). An export
+                computes in the type it was exported with and takes only `auto`.
             threads: CPU threads. A checkpoint: torch's, set for each of the translator's
                 calls and restored after it (None: torch's setting as it is). An export:
                 CTranslate2's workers, its own (None: 2). mt-translate's `threads`.
             **settings: defaults for `translate`, by `DecodeConfig` field name
                 (`method="greedy"`, `beam_size=8`, ...; `nbest` is `translate`'s alone).
-
-        Returns:
-            A Translator holding the model, its tokenizer and the checked settings.
 
         Raises:
             CheckpointError: `path` is not a checkpoint directory or an export, or is
@@ -136,24 +119,11 @@ class Translator:
                 keyword), or an export that needs ctranslate2 (`pip install -e ".[ct2]"`).
         """
         with as_arguments():
-            if "nbest" in settings:
-                raise ConfigError("nbest: give it to translate(), whose result it shapes")
-            device = str(device)  # a torch.device too
-            check_device("device", device)
-            positive("threads", threads, optional=True)
-            at_most_workers("threads", threads)
-            decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
-            where = check_path(path)  # all of the above before any work
-            if is_export(where):
-                model, tokenizer, torch_device = load_export(where, device, threads)
-            else:
-                torch_device = resolve_device(device, key="device")
-                model, tokenizer = load_model(where, torch_device)
-            decode_settings(decode, torch_device, model)  # what depends on the device and the model
+            model, tokenizer, where, torch_device, decode = _open(path, str(device), precision,
+                                                                 threads, settings)
         return cls(model, tokenizer, device=torch_device, decode=decode, path=where, threads=threads)
 
-    # One str gives one result, an iterable a list; nbest makes each result a list, and
-    # return_scores a Translation (or a list of them) where a str would be.
+    # a str gives one result, an iterable a list; nbest: a list each; return_scores: Translations
     @overload
     def translate(self, lines: str, *, nbest: None = None, return_scores: Literal[False] = False,
                   **settings: Any) -> str: ...
@@ -183,10 +153,9 @@ class Translator:
                   return_scores: bool = False, **settings: Any) -> Any:
         """Translate lines, as `mt-translate` translates the lines of a file.
 
-        Each line is normalised and split into sentences, which are translated together
-        (batched by length) and joined again: one translation per line, in input order;
-        an empty line gives "". A line break inside a line is a space. All lines are read
-        first (`translate_iterable` reads a batch's worth at a time).
+        Each line is normalised and split into sentences, translated together (batched by
+        length) and joined again: one result per line, in input order; an empty line
+        gives "". All lines are read first (`translate_iterable` reads a batch at a time).
 
         Args:
             lines: the Italian lines; a single string is one line.
@@ -197,26 +166,20 @@ class Translator:
                 search's length-normalised score; for a line of several sentences, the sum
                 of theirs (n-best: the k-th entry joins the sentences' k-th hypotheses).
                 An empty line scores 0.0.
-            **settings: decode settings for this call, by `DecodeConfig` field name:
-                `method` ("beam" or "greedy"), `beam_size`, `lenpen`, `max_len_a`,
-                `max_len_b`, `min_len`, `max_tokens`, `precision`, `split_sentences`.
-                Those not given are the Translator's (`load`'s settings, else the
-                defaults: beam 5, lenpen 0.6).
+            **settings: this call's decode settings, by `DecodeConfig` field name
+                (`method`, `beam_size`, `lenpen`, `max_len_a`, `max_len_b`, `min_len`,
+                `max_tokens`, `precision`, `split_sentences`); the others are the
+                Translator's (`load`'s, else beam 5, lenpen 0.6).
 
         Returns:
-            A list with one result per line (for a single string, its result): a str, a
-            `Translation` with `return_scores`, and with `nbest` a list of those.
+            One result per line (for a single str, its result): a str, a `Translation`
+            with `return_scores`, and with `nbest` a list of those.
 
         Raises:
             ConfigError: a bad setting (the message names the keyword, e.g. `beam_size=0`).
             TypeError: a line that is not a str, or bytes given for lines.
         """
-        check_lines(lines)
-        single = isinstance(lines, str)
-        batch = [lines] if single else list(lines)  # type: ignore[list-item]
-        for i, line in enumerate(batch):
-            if not isinstance(line, str):
-                raise TypeError(f"line {i + 1} is a {type(line).__name__}, not a str")
+        batch, single = as_lines(lines)
         cfg = self._config(settings, nbest)
         with as_arguments(), torch_threads(self.threads):
             found = translate_nbest(self.model, self.tokenizer, batch, cfg, self.device)
@@ -240,41 +203,24 @@ class Translator:
                            return_scores: bool = False, **settings: Any) -> Iterator[Any]:
         """Translate any iterable of lines lazily: one result per line, in input order.
 
-        Lines are read a decoding batch's worth at a time (`decode.max_tokens` source
-        tokens, at most that many lines), translated together as `translate` translates
-        them, and given back before more are read: a generator of a million lines is
-        never held whole, and the first results come after the first batch. From a file
-        object with a descriptor (`sys.stdin`, a pipe), a batch is also closed when no
-        further line is waiting, so an interactive input gets each line back at once.
-
-        Args:
-            lines: any iterable of str (not a single str: that is `translate`'s).
-            nbest, return_scores, **settings: as for `translate`; the settings are
-                checked here, before any line is read.
-
-        Returns:
-            An iterator over the lines' results, as `translate` gives them.
+        Lines are read a decoding batch's worth at a time (`max_tokens` source tokens, at
+        most that many lines), translated as `translate` translates them and given back
+        before more are read: a million-line generator is never held whole. From a file
+        object with a descriptor (`sys.stdin`, a pipe), a batch also ends when no further
+        line is waiting: an interactive input gets each line back at once. `nbest`,
+        `return_scores` and the settings are `translate`'s, checked at the call.
 
         Raises:
-            ConfigError: a bad setting, here (named by its keyword).
-            TypeError: a str or bytes given for lines, here; a line that is not a str,
+            ConfigError: a bad setting, at the call (named by its keyword).
+            TypeError: a str or bytes for lines, at the call; a line that is not a str,
                 when the iterator reaches it.
         """
-        check_lines(lines)
-        if isinstance(lines, str):
-            raise TypeError("translate_iterable takes an iterable of lines; for one str use "
-                            "translate(line)")
+        check_iterable(lines)
         cfg = self._config(settings, nbest)
         with as_arguments():
             found = iter_nbest(self.model, self.tokenizer, lines, cfg, self.device,
                                ready=input_ready(lines), around=lambda: torch_threads(self.threads))
-        return self._results(found, nbest, return_scores)
-
-    def _results(self, found: Iterator[list[tuple[str, float]]], nbest: int | None,
-                 return_scores: bool) -> Iterator[Any]:
-        with as_arguments():  # errors raised while the lines are read and translated
-            for hyps in found:
-                yield _shaped(hyps, nbest, return_scores)
+        return _results(found, nbest, return_scores)
 
     @overload
     def score(self, sources: str, targets: str, **settings: Any) -> float: ...
@@ -286,46 +232,28 @@ class Translator:
         """The model's score of each given translation, as the search scores its own:
         `translate(line, return_scores=True).score` for the text it gave back.
 
-        The log-probabilities of the translation's tokens and EOS (teacher forcing),
-        summed and divided by GNMT's length penalty ((5 + |y|) / 6) ** lenpen. A line is
-        split into sentences as `translate` splits it and its translation by the same
-        splitter; each sentence is scored against its part and the scores summed. A line
-        whose translation does not split into as many sentences as the source is scored
-        whole (with a warning naming it); an empty line with an empty translation scores
-        0.0. The translation is tokenised again, so a text `translate` gave back scores
-        what its search scored when SentencePiece encodes the text to the same pieces
-        (almost always; a string the model spelt in unusual pieces can differ).
+        The log-probabilities of its tokens and EOS (teacher forcing), summed, over
+        ((5 + |y|) / 6) ** lenpen; a line's translation is split by the sentence splitter
+        and each part scored against the source's sentence, the scores summed (a line
+        whose parts do not match its sentences in number is scored whole, with a
+        warning). The text is tokenised again: a text `translate` gave back scores as its
+        search scored it when SentencePiece encodes it to the pieces the search chose.
 
         Args:
-            sources: the Italian lines (a single str: one line).
-            targets: their translations, one per source line (a single str with a str).
-            **settings: decode settings by name, as for `translate`: `lenpen`,
-                `split_sentences`, `max_tokens` (per batch) and `precision` apply, and for
-                an export `min_len` (CTranslate2's search renormalises the steps before it).
+            sources: the Italian lines (or one str).
+            targets: their translations, one per source (a str with a str).
+            **settings: as for `translate`; `lenpen`, `split_sentences`, `max_tokens`,
+                `precision` apply, and for an export `min_len` (module docstring).
 
         Returns:
-            A float per line (for a single str, one float).
+            A float per line (for a str, one float).
 
         Raises:
-            ConfigError: a bad setting.
-            TypeError: lines that are not str, or a str beside a list.
+            ConfigError: a bad setting. TypeError: lines that are not str.
             ValueError: sources and targets of different lengths, or a translation longer
                 than the model writes.
         """
-        for given, name in ((sources, "sources"), (targets, "targets")):
-            check_lines(given, name)
-        single = isinstance(sources, str)
-        if single != isinstance(targets, str):
-            raise TypeError("give sources and targets both as a str, or both as lists of str")
-        src = [sources] if single else list(sources)  # type: ignore[list-item]
-        tgt = [targets] if single else list(targets)  # type: ignore[list-item]
-        if len(src) != len(tgt):
-            raise ValueError(f"{len(src)} sources but {len(tgt)} targets: give one translation "
-                             "per source line")
-        for name, lines in (("sources", src), ("targets", tgt)):
-            for i, line in enumerate(lines):
-                if not isinstance(line, str):
-                    raise TypeError(f"{name}[{i}] is a {type(line).__name__}, not a str")
+        src, tgt, single = as_pairs(sources, targets)
         cfg = self._config(settings, None)
         with as_arguments(), torch_threads(self.threads):
             cfg = decode_settings(cfg, self.device, self.model)
@@ -333,15 +261,39 @@ class Translator:
         return scores[0] if single else scores
 
     def _config(self, settings: dict[str, Any], nbest: int | None) -> DecodeConfig:
-        """This call's settings, checked (a ConfigError names the keyword)."""
-        with as_arguments():
-            if nbest is not None:
-                settings = {**settings, "nbest": nbest}
-            return decode_config(self.decode, settings)
+        with as_arguments():  # this call's settings, checked (a ConfigError names the keyword)
+            return decode_config(self.decode, settings if nbest is None else {**settings, "nbest": nbest})
 
     def __repr__(self) -> str:
         return (f"Translator({str(self.path)!r}, device={self.device}, "
                 f"precision={self.decode.precision})")
+
+
+def _open(path: str | Path, device: str, precision: str, threads: int | None,
+          settings: dict[str, Any]) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
+    """`Translator.load`'s work: every argument checked before any is used, then the model
+    read (no process-wide setting: the commands' `text.load_for_inference` makes those)."""
+    if "nbest" in settings:
+        raise ConfigError("nbest: give it to translate(), whose result it shapes")
+    check_device("device", device)
+    positive("threads", threads, optional=True)
+    at_most_workers("threads", threads)
+    decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
+    where = check_path(path)  # all of the above before any work
+    if is_export(where):
+        model, tokenizer, torch_device = load_export(where, device, threads)
+    else:
+        torch_device = resolve_device(device, key="device")
+        model, tokenizer = load_model(where, torch_device)
+    decode_settings(decode, torch_device, model)  # what depends on the device and the model
+    return model, tokenizer, where, torch_device, decode
+
+
+def _results(found: Iterator[list[tuple[str, float]]], nbest: int | None,
+             scores: bool) -> Iterator[Any]:
+    with as_arguments():  # errors raised while the lines are read and translated
+        for hyps in found:
+            yield _shaped(hyps, nbest, scores)
 
 
 def _shaped(hyps: list[tuple[str, float]], nbest: int | None, scores: bool) -> Any:
