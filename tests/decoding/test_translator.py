@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -452,3 +453,30 @@ def test_an_exports_translation_scores_the_same_both_ways(words, keywords, tmp_p
                for _ in (entry if isinstance(entry, list) else [entry])]
     scores = translator.score(sources, [h.text for h in hyps], **keywords)
     assert scores == pytest.approx([h.score for h in hyps], abs=1e-4)
+
+
+# --- the examples of the README and the manual run verbatim ----------------------------
+
+EXAMPLE_PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "docs" / "decoding.md"]
+
+
+def translator_examples(page: Path) -> str:
+    """The page's ```python blocks that use a Translator, in order, as one program."""
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
+    return "\n".join(b for b in blocks if "translator" in b.lower())
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: p.name)
+def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
+    """Each page's examples, the checkpoint path replaced by a real checkpoint's: scores,
+    n-best with scores, iteration over a generator and forced scoring."""
+    code = translator_examples(page)
+    for needed in ("return_scores=True", "nbest=3", "translate_iterable(", ".score("):
+        assert needed in code, f"{page.name} shows no {needed}"
+    code, n = re.subn(r'"runs/\w+/checkpoints/best"', repr(str(words)), code)
+    assert n == 1
+    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: None)
+    found: dict = {}
+    exec(compile(code, str(page), "exec"), found)
+    top3 = found["top3"] if page.name == "decoding.md" else found["top3"][0]  # one line's
+    assert isinstance(found["best"][0], Translation) and len(top3) == 3
