@@ -480,3 +480,16 @@ def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
     exec(compile(code, str(page), "exec"), found)
     top3 = found["top3"] if page.name == "decoding.md" else found["top3"][0]  # one line's
     assert isinstance(found["best"][0], Translation) and len(top3) == 3
+
+
+def test_a_busy_machine_without_a_wait_policy_gets_a_warning(words, monkeypatch, caplog):
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with caplog.at_level(logging.WARNING):
+        Translator.load(words, device="cpu", threads=2)
+    assert "set OMP_WAIT_POLICY=PASSIVE" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # chosen: nothing to say
+    with caplog.at_level(logging.WARNING):
+        Translator.load(words, device="cpu", threads=2)
+    assert "OMP_WAIT_POLICY" not in caplog.text

@@ -15,7 +15,7 @@ this project's library: `load` reads a checkpoint directory or a CTranslate2 exp
 `translate` is `text.translate_nbest` (normalise, split into sentences, batch by length,
 search, rejoin), so a list of lines translates exactly as `mt-translate` translates the
 same lines from a file with the same settings; `translate_iterable` is
-`stream.iter_nbest` (what mt-translate runs), `score` is `scoring.score_lines`. The
+`stream.iter_nbest` (the command's reading too), `score` is `scoring.score_lines`. The
 settings are `config.DecodeConfig`'s fields by name, checked as mt-translate checks them;
 a bad one raises `ConfigError` naming the keyword (`beam_size=0: must be >= 1`).
 
@@ -26,6 +26,8 @@ commands, which own their process, tune it: `device.keep_large_blocks_in_the_hea
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,7 @@ from transformer.device import resolve_device
 from transformer.model.transformer import Transformer
 
 __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,23 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
         torch_device = resolve_device(device, key="device")
         model, tokenizer = load_model(where, torch_device)
     decode_settings(decode, torch_device, model)  # what depends on the device and the model
+    if torch_device.type == "cpu" and not isinstance(model, CT2Model):
+        _warn_if_spinning(threads or torch.get_num_threads())
     return model, tokenizer, where, torch_device, decode
+
+
+def _warn_if_spinning(threads: int) -> None:
+    """A warning where OpenMP's threads will spin against other work: a busy machine and
+    no OMP_WAIT_POLICY (the mt-* commands set PASSIVE; a library leaves the process alone)."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except (OSError, AttributeError):  # no load average on this OS
+        return
+    if threads > 1 and "OMP_WAIT_POLICY" not in os.environ and load > cores:
+        log.warning("this machine is busy (load %.1f on %d cores) and OpenMP's threads spin "
+                    "while they wait: set OMP_WAIT_POLICY=PASSIVE before importing torch "
+                    "(greedy decoding ran 17x faster with it on a loaded 2-core CPU; "
+                    "docs/decoding.md, 'Nothing process-wide')", load, cores)
 
 
 def _results(found: Iterator[list[tuple[str, float]]], nbest: int | None,
