@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -43,6 +44,9 @@ from transformer.device import (
     resolve_device,
     resolve_precision,
 )
+
+if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no import here)
+    from transformer.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +269,9 @@ def format_nbest(nbest: list[list[tuple[str, float]]], start: int = 0) -> list[s
             for i, hyps in enumerate(nbest, start) for text, score in hyps]
 
 
-def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None):
+def load_for_inference(
+    checkpoint: str | None, device_pref: str, threads: int | None = None
+) -> tuple[Transformer | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
     threads: CPU threads (torch's for a checkpoint; for an export on a CPU, that many
@@ -280,8 +286,9 @@ def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | 
             the whole process.
 
     Returns:
-        The model (a `Transformer` in eval mode on the device, or a `CT2Model`), its
-        tokenizer, and the torch device it runs on.
+        model: a `Transformer` in eval mode on the device, or a `CT2Model`.
+        tokenizer: its tokenizer.
+        device: the torch device it runs on.
 
     Raises:
         CheckpointError: no checkpoint given, or one that is missing, incomplete or

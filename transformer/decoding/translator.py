@@ -304,7 +304,7 @@ def _warn_if_spinning(threads: int) -> None:
     if threads > 1 and "OMP_WAIT_POLICY" not in os.environ and load > cores:
         log.warning("this machine is busy (load %.1f on %d cores) and OpenMP's threads spin "
                     "while they wait: set OMP_WAIT_POLICY=PASSIVE before importing torch "
-                    "(greedy decoding ran 17x faster with it on a loaded 2-core CPU; "
+                    "(greedy decoding ran 7x faster with it on a loaded 2-core CPU; "
                     "docs/decoding.md, 'Nothing process-wide')", load, cores)
 
 
