@@ -274,6 +274,10 @@ def load_for_inference(
 ) -> tuple[Transformer | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
+    The commands' loader: on a CPU it also sets what holds for the whole process, glibc's
+    allocator options (`device.keep_large_blocks_in_the_heap`) and torch's threads; a
+    library user's `Translator.load` sets neither.
+
     threads: CPU threads (torch's for a checkpoint; for an export on a CPU, that many
     single-threaded CTranslate2 workers, `ct2_model.CT2Model`); None: torch's default,
     and 2 for an export.
