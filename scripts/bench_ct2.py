@@ -25,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# isort: off
+import transformer.commands  # noqa: F401  before torch: the OpenMP wait policy mt-translate runs under
+# isort: on
 import torch
 from sacrebleu.metrics import BLEU
 

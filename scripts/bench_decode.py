@@ -32,6 +32,9 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+# isort: off
+import transformer.commands  # noqa: F401  before torch: the OpenMP wait policy mt-translate runs under
+# isort: on
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode

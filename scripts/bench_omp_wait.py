@@ -3,7 +3,7 @@
 OpenMP reads OMP_WAIT_POLICY once, when torch loads its runtime, so each policy runs in a
 fresh child process; policies alternate round by round so that the machine's noise hits
 them alike. `default` leaves the variable unset (libgomp spins a while before sleeping);
-PASSIVE is what the `mt-*` commands set when the user has not (transformer/__init__.py).
+PASSIVE is what the `mt-*` commands set when the user has not (transformer/commands/__init__.py).
 
     python scripts/bench_omp_wait.py                       # 2 threads, 3 rounds, quiet machine
     python scripts/bench_omp_wait.py --busy 1              # plus one busy-looping process
@@ -27,7 +27,7 @@ def child(threads: int, steps: int, sentences: int) -> None:
     """Time `steps` fp32 training steps and greedy decoding of `sentences` dev sentences."""
     import dataclasses
 
-    import torch  # before `transformer`, which would set OMP_WAIT_POLICY=PASSIVE when unset
+    import torch  # first: the policy is the parent's choice (`transformer.commands` sets one)
 
     from transformer.config import DataConfig, DecodeConfig, ModelConfig, load_preset, to_dataclass
     from transformer.data.batching import TokenBatchSampler, collate, token_lengths

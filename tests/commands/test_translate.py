@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,46 @@ def test_cli_corrupt_checkpoint_is_one_clear_error(checkpoint, tmp_path):
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"mt-translate: error: corrupt weights {bad}")
     assert "Traceback" not in proc.stderr
+
+
+def test_an_interactive_pipe_gets_each_line_before_its_input_ends(checkpoint):
+    """mt-translate reads stdin a batch at a time and closes a batch when nothing more is
+    waiting: a line written into a pipe that stays open comes back translated."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer.commands.translate", f"checkpoint={checkpoint}",
+         "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=4"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        answers = []
+        for line in ("Ciao!", "Che ore sono?"):
+            proc.stdin.write(f"{line}\n".encode())
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)  # stdin still open
+            assert ready, "no output before the end of the input"
+            answers.append(proc.stdout.readline().decode().rstrip("\n"))
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0 and proc.stdout.read() == b""
+    finally:
+        proc.kill()
+    model, tokenizer = load_model(checkpoint)
+    cfg = DecodeConfig(method="greedy", max_len_a=0, max_len_b=4)
+    assert answers == decoding.translate_lines(model, tokenizer, ["Ciao!", "Che ore sono?"], cfg)
+    assert "translated 2 line(s), 2 sentence(s)" in proc.stderr.read().decode()
+
+
+def test_a_file_streams_in_windows_with_its_line_numbers(checkpoint, tmp_path, monkeypatch, capfd):
+    """Lines translated a window at a time give what the whole file gives; a warning names
+    the file's line, not the window's."""
+    lines = [*LINES, "Ciao " * 40, *LINES]  # line 7 is longer than the model's 32 positions
+    src, out = tmp_path / "in.it", tmp_path / "out.en"
+    src.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    run_main(monkeypatch, f"checkpoint={checkpoint}", f"input.file={src}", f"output={out}",
+             "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=3", "decode.max_tokens=8",
+             "progress=false")
+    model, tokenizer = load_model(checkpoint)
+    whole = decoding.translate_lines(model, tokenizer, lines, DecodeConfig(**{**FAST, "max_len_b": 3}))
+    assert read_lines(out) == whole
+    err = capfd.readouterr().err
+    assert "longer than the model's limit of 32 tokens" in err and "(line 7)" in err

@@ -8,16 +8,21 @@ sentences (split, translated and joined again) and empty lines.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
+import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import torch
 
-from transformer import Translator
-from transformer.checkpoint import load_model
+from transformer import Translation, Translator
+from transformer import device as device_module
+from transformer.checkpoint import load_model, save_checkpoint
 from transformer.commands import translate
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.corpus import read_lines
@@ -26,7 +31,7 @@ from transformer.decoding import text as text_module
 from transformer.errors import UserError
 from transformer.paths import PROJECT_ROOT
 
-from helpers import tiny_checkpoint
+from helpers import end_sentences, tiny_checkpoint
 
 LINES = ["Che ore sono? Ti chiamo stasera. Ci vediamo martedì alle due.", "",
          "Sì, certo!", "   ", "Il sig. Rossi è arrivato. Poi è partito."]
@@ -115,7 +120,7 @@ def test_a_model_in_memory_translates_as_its_checkpoint(checkpoint):
     settings = DecodeConfig(method="greedy", max_len_b=6)
     assert Translator(model, tokenizer, decode=settings).translate(LINES) == \
         Translator.load(checkpoint, method="greedy", max_len_b=6).translate(LINES)
-    with pytest.raises(ConfigError, match=r"^decode\.beam_size=0: must be >= 1$"):
+    with pytest.raises(ConfigError, match=r"^beam_size=0: must be >= 1$"):
         Translator(model, tokenizer, decode=DecodeConfig(beam_size=0))
 
 
@@ -123,16 +128,16 @@ def test_one_string_in_one_string_out(checkpoint):
     translator = Translator.load(checkpoint, method="greedy", max_len_b=6)
     assert translator.translate("Sì, certo!") == translator.translate(["Sì, certo!"])[0]
     assert translator.translate(x for x in ["Ciao", ""]) == translator.translate(["Ciao", ""])
-    with pytest.raises(TypeError, match="line 2 is a NoneType, not a str"):
+    with pytest.raises(TypeError, match=r"lines\[1\] is a NoneType, not a str"):
         translator.translate(["Ciao", None])
 
 
 @pytest.mark.parametrize(("lines", "message"), [
-    (b"Ciao", r"^lines is a bytes, not a str or an iterable of str: decode it first"),
-    (bytearray(b"Ciao"), r"^lines is a bytearray, not a str or an iterable of str: decode it first"),
+    (b"Ciao", r"^lines is bytes, not str: decode it first"),
+    (bytearray(b"Ciao"), r"^lines is bytearray, not str: decode it first"),
     (42, r"^lines is a int, not a str or an iterable of str$"),
     (None, r"^lines is a NoneType, not a str or an iterable of str$"),
-    (["Ciao", b"Grazie"], r"^line 2 is a bytes, not a str: decode it first"),
+    (["Ciao", b"Grazie"], r"^lines\[1\] is a bytes, not a str: decode it first"),
 ])
 def test_bytes_or_a_non_iterable_are_named_not_taken_for_lines(checkpoint, lines, message):
     """b"Ciao" was taken for the lines 67, 105, ...: `line 1 is a int, not a str` (#51.5)."""
@@ -171,7 +176,7 @@ def test_a_bad_path_is_one_user_error_naming_it(checkpoint, tmp_path, where):
     assert "checkpoint directory" in msg and "CTranslate2 export" in msg
 
 
-def test_a_bad_setting_is_mt_translates_config_error(checkpoint, monkeypatch):
+def test_a_bad_setting_is_mt_translates_config_error_naming_the_keyword(checkpoint, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", "input.text=Ciao",
                                       "decode.beam_size=0"])
     with pytest.raises(SystemExit) as exit_info:
@@ -181,26 +186,30 @@ def test_a_bad_setting_is_mt_translates_config_error(checkpoint, monkeypatch):
     translator = Translator.load(checkpoint)
     with pytest.raises(ConfigError) as info:
         translator.translate(["Ciao"], beam_size=0)
-    assert str(info.value) == message
-    with pytest.raises(ConfigError, match=r"^decode\.beam_size=0: must be >= 1$"):
+    assert str(info.value) == message.removeprefix("decode.")  # the keyword, not the key
+    with pytest.raises(ConfigError, match=r"^beam_size=0: must be >= 1$"):
         Translator.load(checkpoint, beam_size=0)
     refused = {
-        "nbest": (dict(nbest=4, beam_size=3), r"^decode\.nbest=4: cannot exceed decode\.beam_size=3$"),
-        "type": (dict(max_len_b="six"), r"^decode\.max_len_b: Value 'six' .* could not be converted"),
-        "finite": (dict(lenpen=float("nan")), r"^decode\.lenpen=nan: must be a finite number$"),
-        "unknown": (dict(beam=3), r"^decode\.beam: not a decode setting; the settings are method, "),
+        "nbest": (dict(nbest=4, beam_size=3), r"^nbest=4: cannot exceed beam_size=3$"),
+        "greedy": (dict(nbest=2, method="greedy"), r"^nbest=2: .* use method='beam' for an n-best"),
+        "method": (dict(method="beamm"), r"^method='beamm': choose greedy or beam$"),
+        "type": (dict(max_len_b="six"), r"^max_len_b: Value 'six' .* could not be converted"),
+        "finite": (dict(lenpen=float("nan")), r"^lenpen=nan: must be a finite number$"),
+        "unknown": (dict(beam=3), r"^beam: not a decode setting; the settings are method, "),
+        "precision": (dict(precision="fp16"), r"^precision='fp16' needs CUDA .* use precision='auto'"),
     }
     for keywords, pattern in refused.values():
-        with pytest.raises(ConfigError, match=pattern):
+        with pytest.raises(ConfigError, match=pattern) as bad:
             translator.translate(["Ciao"], **keywords)
+        assert "decode." not in str(bad.value) and "decode=" not in str(bad.value)
 
 
 @pytest.mark.parametrize("keywords, pattern", [
-    (dict(precision="fp16"), r"^decode\.precision=fp16 needs CUDA"),
-    (dict(precision="fp64"), r"^decode\.precision='fp64': choose one of auto, fp32, bf16, fp16$"),
+    (dict(precision="fp16"), r"^precision='fp16' needs CUDA"),
+    (dict(precision="fp64"), r"^precision='fp64': choose one of auto, fp32, bf16, fp16$"),
     (dict(device="gpu"), r"^device='gpu': choose auto, cpu, cuda or cuda:N$"),
     (dict(threads=0), r"^threads=0: must be >= 1"),
-    (dict(nbest=2), r"^decode\.nbest: give nbest to translate\(\)"),
+    (dict(nbest=2), r"^nbest: give it to translate\(\)"),
 ])
 def test_a_bad_load_keyword_names_its_key(checkpoint, keywords, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -208,24 +217,35 @@ def test_a_bad_load_keyword_names_its_key(checkpoint, keywords, pattern):
 
 
 def test_an_export_takes_precision_auto_only(export_dir):
-    with pytest.raises(ConfigError, match=r"^decode\.precision=fp32: an exported model computes"):
+    with pytest.raises(ConfigError, match=r"^precision='fp32': an exported model computes"):
         Translator.load(export_dir, device="cpu", precision="fp32")
 
 
-def test_import_transformer_does_not_import_torch():
+def test_import_transformer_does_not_import_torch_or_change_the_process():
     """The package's face is lazy: LibreTranslate's venv imports transformer.deploy.serving,
-    with only the standard library; and the OpenMP policy must be set before torch loads."""
+    with only the standard library. Importing it sets nothing (OMP_WAIT_POLICY is the
+    commands': `transformer.commands` sets it, before torch loads)."""
     code = """if True:
         import os, sys
         import transformer
         assert "torch" not in sys.modules, "import transformer imported torch"
-        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-        assert {"Transformer", "Translator"} <= set(dir(transformer)) & set(transformer.__all__)
+        assert "OMP_WAIT_POLICY" not in os.environ, "import transformer set OMP_WAIT_POLICY"
+        names = {"Transformer", "Translator", "Translation", "UserError", "ConfigError",
+                 "CheckpointError", "DataError", "OutputError", "ExportError"}
+        assert names <= set(dir(transformer)) & set(transformer.__all__)
+        assert set(transformer._LAZY) | {"__version__"} == set(transformer.__all__)
+        from transformer import ConfigError, UserError
+        from transformer.errors import ConfigError as C
+        assert ConfigError is C and issubclass(ConfigError, UserError)
+        assert "torch" not in sys.modules, "the errors imported torch"
+        for name in transformer._LAZY:
+            assert isinstance(getattr(transformer, name), type), name
         from transformer import Translator, Transformer
         from transformer.decoding.translator import Translator as T
         from transformer.model.transformer import Transformer as M
         assert (Translator, Transformer) == (T, M) and "torch" in sys.modules
         assert transformer.Translator is T
+        assert "OMP_WAIT_POLICY" not in os.environ
         try:
             transformer.Translatr
         except AttributeError as e:
@@ -233,7 +253,256 @@ def test_import_transformer_does_not_import_torch():
         else:
             raise AssertionError("a misspelt name resolved")
     """
+    commands = """if True:
+        import os, sys
+        import transformer.commands.translate
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    """
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    for source in (code, commands):
+        done = subprocess.run([sys.executable, "-c", source], cwd=PROJECT_ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+
+def test_the_package_is_typed():
+    assert (PROJECT_ROOT / "transformer" / "py.typed").is_file()
+    assert 'transformer = ["py.typed"]' in (PROJECT_ROOT / "pyproject.toml").read_text()
+    overloads = typing.get_overloads(Translator.translate)
+    assert len(overloads) == 8  # str or iterable x nbest or not x scores or not
+    returns = {typing.get_type_hints(f)["return"] for f in overloads}
+    assert {str, list[str], Translation, list[list[Translation]]} <= returns
+    assert len(typing.get_overloads(Translator.translate_iterable)) == 4
+    assert len(typing.get_overloads(Translator.score)) == 2
+
+
+# --- scores, lazy iteration, forced scoring --------------------------------------------
+
+ONE_SENTENCE = ["Che ore sono?", "Ti chiamo stasera.", "Sì, certo!", "Ciao", "Dove sei?",
+                "Ci vediamo martedì alle due.", "Il sig. Rossi è arrivato.", "Vado a casa."]
+SHORT = dict(max_len_a=0, max_len_b=10)
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory) -> Path:
+    """A random tiny model that writes only whole-word pieces (each the one piece
+    SentencePiece encodes its word to) and ends about a third of its sentences early:
+    its translations tokenise back to the pieces the search chose, so `score` of the text
+    must give the search's own score."""
+    model, tokenizer = load_model(tiny_checkpoint(tmp_path_factory.mktemp("w") / "ckpt",
+                                                  max_positions=32, seed=3))
+    end_sentences(model, rate=0.3)
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    whole = {i for i, p in enumerate(pieces) if p.startswith("▁") and len(p) > 2
+             and tokenizer.encode([p[1:]])[0] == [i]}
+    assert len(whole) > 50
+    with torch.no_grad():  # coordinate 0 of the last norm's output is 1 (end_sentences)
+        for i in set(range(tokenizer.vocab_size)) - whole - {model.cfg.eos_id}:
+            model.out_proj.weight[i, 0] = -30.0
+    return save_checkpoint(tmp_path_factory.mktemp("w") / "words", model, tokenizer, "", {})
+
+
+def flat(found) -> list[Translation]:
+    return [t for entry in found for t in (entry if isinstance(entry, list) else [entry])]
+
+
+@pytest.mark.parametrize("keywords", [dict(method="greedy"), dict(beam_size=4, nbest=3),
+                                      dict(beam_size=3, lenpen=1.0)])
+def test_a_translation_scores_the_same_both_ways(words, keywords):
+    translator = Translator.load(words)
+    lengths = set()
+    for limit in (10, 1):  # hypotheses that end with EOS, and all cut at the limit (forced EOS)
+        found = translator.translate(ONE_SENTENCE, return_scores=True, max_len_a=0,
+                                     max_len_b=limit, **keywords)
+        hyps = flat(found)
+        sources = [src for src, entry in zip(ONE_SENTENCE, found, strict=True)
+                   for _ in (entry if isinstance(entry, list) else [entry])]
+        assert len(hyps) == len(ONE_SENTENCE) * keywords.get("nbest", 1)
+        lengths |= {(len(h.text.split()), limit) for h in hyps}
+        scores = translator.score(sources, [h.text for h in hyps], **keywords)
+        assert scores == pytest.approx([h.score for h in hyps], abs=1e-4)
+    assert any(n < limit for n, limit in lengths) and (1, 1) in lengths
+    if "nbest" in keywords:  # in score order, and the texts are translate's own
+        assert all(a.score >= b.score for entry in found for a, b in itertools.pairwise(entry))
+        assert [[h.text for h in e] for e in found] == translator.translate(
+            ONE_SENTENCE, max_len_a=0, max_len_b=1, **keywords)
+    else:
+        assert [h.text for h in found] == translator.translate(ONE_SENTENCE, max_len_a=0,
+                                                               max_len_b=1, **keywords)
+    one = translator.translate(ONE_SENTENCE[0], return_scores=True, **SHORT, **keywords)
+    assert isinstance(translator.score(ONE_SENTENCE[0], flat([one])[0].text, **keywords), float)
+
+
+def test_scores_are_mt_translates_nbest_scores(words, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={words}", "input.text='Ciao!\n\nDove sei?'",
+                                      "decode.beam_size=3", "decode.nbest=2", "decode.max_len_b=6"])
+    translate.main()
+    printed = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    found = Translator.load(words).translate(["Ciao!", "", "Dove sei?"], beam_size=3, nbest=2,
+                                             max_len_b=6, return_scores=True)
+    assert [(int(i), text, float(score)) for i, text, score in printed] == [
+        (i, t.text, pytest.approx(t.score, abs=5e-5)) for i, entry in enumerate(found) for t in entry]
+    assert found[1] == [Translation("", 0.0)]
+
+
+def test_a_line_of_sentences_scores_the_sum_of_theirs(words):
+    translator = Translator.load(words, method="greedy", **SHORT)
+    line = "Che ore sono? Ti chiamo stasera. Vado a casa."
+    whole = translator.translate(line, return_scores=True)
+    alone = translator.translate(split_sentences(line), return_scores=True)
+    assert whole.text == " ".join(t.text for t in alone)
+    assert whole.score == pytest.approx(sum(t.score for t in alone), abs=1e-4)
+    # score() splits a translation of as many sentences, pairs them and sums
+    targets = ["It is late.", "I call you tonight.", "I go home."]
+    parts = translator.score(split_sentences(line), targets)
+    assert translator.score(line, " ".join(targets)) == pytest.approx(sum(parts), abs=1e-4)
+    assert translator.score(["", "Ciao"], ["", "Hi"])[0] == 0.0
+
+
+def test_a_translation_that_does_not_split_like_its_source_is_scored_whole(words, caplog):
+    translator = Translator.load(words)
+    line, target = "Che ore sono? Vado a casa.", "It is late and I go home."
+    with caplog.at_level(logging.WARNING):
+        found = translator.score(["Ciao", line], ["Hi", target])
+    assert "scored whole (line 2)" in caplog.text
+    assert found[1] == pytest.approx(translator.score(line, target, split_sentences=False), abs=1e-5)
+
+
+def test_score_refuses_what_it_cannot_pair(words):
+    translator = Translator.load(words)
+    with pytest.raises(ValueError, match="2 sources but 1 targets"):
+        translator.score(["Ciao", "Sì"], ["Hi"])
+    with pytest.raises(TypeError, match="both as a str, or both as lists"):
+        translator.score("Ciao", ["Hi"])
+    with pytest.raises(TypeError, match=r"targets\[1\] is a int"):
+        translator.score(["Ciao", "Sì"], ["Hi", 3])
+    with pytest.raises(ValueError, match="this model writes at most 31"):
+        translator.score("Ciao", " ".join(["live"] * 40))
+    with pytest.raises(ConfigError, match=r"^lenpen=-1\.0: must be >= 0"):
+        translator.score("Ciao", "Hi", lenpen=-1.0)
+
+
+@pytest.mark.parametrize("call", ["translate", "translate_iterable", "score"])
+def test_bytes_are_refused_with_a_clear_message(words, call):
+    translator = Translator.load(words)
+    args = {"translate": (b"Ciao",), "translate_iterable": (b"Ciao",), "score": (b"Ciao", "Hi")}
+    with pytest.raises(TypeError, match=r"is bytes, not str: decode it first"):
+        getattr(translator, call)(*args[call])
+
+
+def test_translate_iterable_is_lazy_and_keeps_input_order(words):
+    translator = Translator.load(words, method="greedy", **SHORT)
+    pulled = []
+
+    def endless():  # never ends: reading it whole would never return
+        for line in itertools.cycle(ONE_SENTENCE):
+            pulled.append(line)
+            yield line
+
+    first = list(itertools.islice(translator.translate_iterable(endless(), max_tokens=12), 20))
+    assert first == translator.translate([*ONE_SENTENCE, *ONE_SENTENCE, *ONE_SENTENCE][:20])
+    assert len(pulled) < 20 + 12  # at most a window of 12 tokens (or lines) read ahead
+    beam = dict(method="beam", beam_size=2, return_scores=True, nbest=1)
+    lazily = flat(translator.translate_iterable(ONE_SENTENCE, max_tokens=5, **beam))
+    at_once = flat(translator.translate(ONE_SENTENCE, **beam))
+    assert [t.text for t in lazily] == [t.text for t in at_once]
+    assert [t.score for t in lazily] == pytest.approx([t.score for t in at_once], abs=1e-5)
+    with pytest.raises(ConfigError, match=r"^beam_size=0"):  # at the call, before any line
+        translator.translate_iterable(endless(), beam_size=0)
+    with pytest.raises(TypeError, match="for one str use translate"):
+        translator.translate_iterable("Ciao")
+    with pytest.raises(TypeError, match=r"lines\[1\] is a NoneType"):
+        list(translator.translate_iterable(["Ciao", None]))
+
+
+def test_threads_apply_to_the_translators_calls_only(words, monkeypatch):
+    from transformer.decoding import scoring, stream
+    from transformer.decoding import translator as translator_module
+
+    before = torch.get_num_threads()
+    inside = []
+
+    def spying(real):
+        def spy(*args, **kwargs):
+            inside.append(torch.get_num_threads())
+            return real(*args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(translator_module, "translate_nbest", spying(text_module.translate_nbest))
+    monkeypatch.setattr(stream, "translate_nbest", spying(text_module.translate_nbest))
+    monkeypatch.setattr(translator_module, "score_lines", spying(scoring.score_lines))
+    threads = 1 if before > 1 else 2
+    translator = Translator.load(words, threads=threads, method="greedy", **SHORT)
+    assert torch.get_num_threads() == before  # loading sets nothing
+    translator.translate(["Ciao"])
+    translator.score("Ciao", "Hi")
+    results = translator.translate_iterable(["Ciao", "Sì"], max_tokens=1)
+    next(results)
+    assert torch.get_num_threads() == before  # not while the iterator waits
+    list(results)
+    assert inside == [threads] * 4 and torch.get_num_threads() == before
+
+
+def test_loading_leaves_the_allocator_alone(words, monkeypatch):
+    def refuse():
+        raise AssertionError("Translator changed glibc's allocator options")
+
+    monkeypatch.setattr(device_module, "keep_large_blocks_in_the_heap", refuse)
+    monkeypatch.setattr(text_module, "keep_large_blocks_in_the_heap", refuse)
+    assert Translator.load(words, device="cpu").translate("Ciao", method="greedy", **SHORT)
+
+
+@pytest.mark.parametrize("keywords", [dict(method="greedy"), dict(beam_size=3, nbest=2)])
+def test_an_exports_translation_scores_the_same_both_ways(words, keywords, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from transformer.commands.export import export
+    from transformer.deploy.ct2_export import ExportConfig
+
+    out = export(ExportConfig(checkpoint=str(words), output=str(tmp_path / "ct2")))
+    translator = Translator.load(out, device="cpu", threads=1)
+    found = translator.translate(ONE_SENTENCE, return_scores=True, **SHORT, **keywords)
+    hyps = flat(found)
+    sources = [src for src, entry in zip(ONE_SENTENCE, found, strict=True)
+               for _ in (entry if isinstance(entry, list) else [entry])]
+    scores = translator.score(sources, [h.text for h in hyps], **keywords)
+    assert scores == pytest.approx([h.score for h in hyps], abs=1e-4)
+
+
+# --- the examples of the README and the manual run verbatim ----------------------------
+
+EXAMPLE_PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "docs" / "decoding.md"]
+
+
+def translator_examples(page: Path) -> str:
+    """The page's ```python blocks that use a Translator, in order, as one program."""
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
+    return "\n".join(b for b in blocks if "translator" in b.lower())
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: p.name)
+def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
+    """Each page's examples, the checkpoint path replaced by a real checkpoint's: scores,
+    n-best with scores, iteration over a generator and forced scoring."""
+    code = translator_examples(page)
+    for needed in ("return_scores=True", "nbest=3", "translate_iterable(", ".score("):
+        assert needed in code, f"{page.name} shows no {needed}"
+    code, n = re.subn(r'"runs/\w+/checkpoints/best"', repr(str(words)), code)
+    assert n == 1
+    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: None)
+    found: dict = {}
+    exec(compile(code, str(page), "exec"), found)
+    top3 = found["top3"] if page.name == "decoding.md" else found["top3"][0]  # one line's
+    assert isinstance(found["best"][0], Translation) and len(top3) == 3
+
+
+def test_a_busy_machine_without_a_wait_policy_gets_a_warning(words, monkeypatch, caplog):
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with caplog.at_level(logging.WARNING):
+        Translator.load(words, device="cpu", threads=2)
+    assert "set OMP_WAIT_POLICY=PASSIVE" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # chosen: nothing to say
+    with caplog.at_level(logging.WARNING):
+        Translator.load(words, device="cpu", threads=2)
+    assert "OMP_WAIT_POLICY" not in caplog.text

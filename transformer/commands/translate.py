@@ -7,13 +7,17 @@
 
 One output line per input line, in input order; an empty input line gives an empty
 output line. Each line is split into sentences, which are translated and joined again
-(decode.split_sentences=false feeds every line whole); the summary line on stderr counts both. With decode.nbest > 1 each input gives nbest lines `i ||| hyp ||| score`
-(fairseq's layout, i counting input lines from 0). The library behind it is
-`transformer.decoding.text` (`translate_lines`, `translate_nbest`).
+(decode.split_sentences=false feeds every line whole); the summary line on stderr counts
+both. With decode.nbest > 1 each input gives nbest lines `i ||| hyp ||| score`
+(fairseq's layout, i counting input lines from 0). The input is read and translated a
+decoding batch's worth at a time (`transformer.decoding.stream.iter_nbest`, what
+`Translator.translate_iterable` runs): lines on stdout come as their batch is done, and
+from an interactive stdin each line is translated as soon as nothing more is waiting.
 
 `output=FILE` is checked before the model is loaded (`transformer/outputs.py`): a file
 that exists is replaced only with force=true and only if mt-translate wrote it, never the
-input itself; missing folders are made. The file is written whole or not at all.
+input itself; missing folders are made. The file is written whole or not at all. An
+input file is read through once for bad bytes before the model is loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import hydra
@@ -37,8 +42,9 @@ from transformer.config import (
     positive,
     require,
 )
-from transformer.data.corpus import decode_lines, read_lines
-from transformer.decoding.text import format_nbest, load_for_inference, translate_nbest
+from transformer.data.corpus import iter_decoded, iter_lines
+from transformer.decoding.stream import input_ready, iter_nbest
+from transformer.decoding.text import format_nbest, load_for_inference
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +82,20 @@ class TranslateConfig:
         self.decode.validate("decode")
 
 
-def read_input(cfg: InputConfig) -> list[str]:
+def read_input(cfg: InputConfig) -> tuple[Iterable[str], Callable[[], bool] | None]:
+    """The input's lines, read as they are needed, and whether more is waiting (stdin's
+    `stream.input_ready`; None for a file or text, always at hand). A file is read through
+    once first, so that a bad byte ends the command before the model is loaded."""
     if cfg.text is not None:
-        return cfg.text.split("\n")
+        return cfg.text.split("\n"), None
     if cfg.file is not None:
-        return read_lines(cfg.file)
+        for _ in iter_lines(cfg.file):  # DataError naming file:line
+            pass
+        return iter_lines(cfg.file), None
     if sys.stdin is None:  # started with stdin closed (<&-)
         raise ConfigError("stdin is closed and no input was given: add input.file=FILE or "
                           "input.text=...")
-    return decode_lines(sys.stdin.buffer, "<stdin>")
+    return iter_decoded(sys.stdin.buffer, "<stdin>"), input_ready(sys.stdin)
 
 
 def output_of(cfg: TranslateConfig) -> outputs.Output | None:
@@ -98,16 +109,18 @@ def output_of(cfg: TranslateConfig) -> outputs.Output | None:
     return out
 
 
-def write_output(lines: list[str], out: outputs.Output | None) -> None:
-    text = "".join(f"{line}\n" for line in lines)
+def write_lines(lines: Iterable[list[str]], out: outputs.Output | None) -> None:
+    """Each group of output lines as it comes: to stdout, flushed per group, or into the
+    output file, which is put in place (whole) when the last group is written."""
     if out is not None:
-        outputs.write_text(out, text)
+        with outputs.write_file(out) as tmp, tmp.open("w", encoding="utf-8") as f:
+            for group in lines:
+                f.writelines(f"{line}\n" for line in group)
         return
-    if sys.stdout is None:  # started with stdout closed (>&-)
-        raise ConfigError("stdout is closed: add output=FILE")
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        for group in lines:
+            sys.stdout.write("".join(f"{line}\n" for line in group))
+            sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
@@ -115,19 +128,23 @@ def write_output(lines: list[str], out: outputs.Output | None) -> None:
 
 def translate(cfg: TranslateConfig) -> None:
     out = output_of(cfg)
-    lines = read_input(cfg.input)  # before loading the model: a bad input costs nothing
-    if cfg.output is None and sys.stdout is None:
+    lines, ready = read_input(cfg.input)  # before loading the model: a bad input costs nothing
+    if cfg.output is None and sys.stdout is None:  # started with stdout closed (>&-)
         raise ConfigError("stdout is closed: add output=FILE")
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     progress = cfg.progress and cfg.input.file is not None
-    start, counts = time.perf_counter(), {}
-    nbest = translate_nbest(model, tokenizer, lines, cfg.decode, device, progress, counts=counts)
+    start, counts = time.perf_counter(), {"lines": 0, "sentences": 0}
+    found = iter_nbest(model, tokenizer, lines, cfg.decode, device, ready=ready,
+                       progress=progress, counts=counts)
+    write_lines(_formatted(found, cfg.decode.nbest > 1), out)
     log.info("translated %d line(s), %d sentence(s) in %.1f s", counts["lines"],
              counts["sentences"], time.perf_counter() - start)
-    if cfg.decode.nbest > 1:
-        write_output(format_nbest(nbest), out)
-    else:
-        write_output([hyps[0][0] for hyps in nbest], out)
+
+
+def _formatted(found: Iterator[list[tuple[str, float]]], nbest: bool) -> Iterator[list[str]]:
+    """Each line's output lines: its best translation, or its `i ||| hyp ||| score` lines."""
+    for i, hyps in enumerate(found):
+        yield format_nbest([hyps], start=i) if nbest else [hyps[0][0]]
 
 
 # An absolute config path: "../configs" is resolved as a Python package when main() is

@@ -120,6 +120,11 @@ def decode_lines(raw_lines: Iterable[bytes], name: str) -> list[str]:
     return list(_decoded(raw_lines, name))
 
 
+def iter_decoded(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """`decode_lines` as a stream: a line is decoded when it is read (mt-translate's stdin)."""
+    return _decoded(raw_lines, name)
+
+
 def _decoded(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
     for lineno, raw in enumerate(raw_lines, start=1):
         try:

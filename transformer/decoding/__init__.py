@@ -3,7 +3,10 @@
 `search.py` is batched greedy and beam search on the model's key/value cache; `text.py`
 the path from a user's lines to translations (normalise, split into sentences, encode,
 batch by length, search, decode, rejoin); `ct2_model.py` runs a CTranslate2 export in our
-model's place; `translator.py` is the Python face (`Translator.load(path).translate(lines)`);
+model's place; `translator.py` is the Python face (`Translator.load(path).translate(lines)`),
+and what it runs beside `text.py`: `stream.py` (a stream of lines, a batch at a time, for
+`translate_iterable` and mt-translate), `scoring.py` (forced scoring of given
+translations) and `arguments.py` (its keywords checked, errors naming them);
 `name_copy.py` the name-copy rate that mt-evaluate and validation report;
 `batch_memory.py` a decoding batch's memory estimate, which refuses one that would not fit.
 

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -44,6 +45,9 @@ from transformer.device import (
     resolve_device,
     resolve_precision,
 )
+
+if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no import here)
+    from transformer.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,7 @@ def translate_nbest(
     progress: bool = False,
     after_batch: Callable[[], object] | None = None,
     counts: dict[str, int] | None = None,
+    first_line: int = 1,
 ) -> list[list[tuple[str, float]]]:
     """The n-best (text, score) list of every line, in input order.
 
@@ -149,6 +154,8 @@ def translate_nbest(
         after_batch: called with no arguments after each decoding batch.
         counts: if given, receives `lines`, `sentences` and `units` (decoded sentences
             and pieces of long ones).
+        first_line: the number warnings give `lines[0]` (`stream.iter_nbest` translates
+            a file a window at a time).
 
     Returns:
         For each line, in input order, its n-best list of (text, score), best first: one
@@ -168,7 +175,7 @@ def translate_nbest(
     device = torch.device(device)
     cfg = decode_settings(cfg, device, model)
     segs = segment(lines, tokenizer, model.cfg.max_positions, cfg.split_sentences)
-    _warn_long(segs, model.cfg.max_positions)
+    _warn_long(segs, model.cfg.max_positions, first_line)
     if counts is not None:
         counts.update(lines=len(lines), sentences=segs.sentences, units=len(segs.ids))
     src = segs.ids
@@ -204,10 +211,10 @@ def join_nbest(parts: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
     return [(join_texts([p[k][0] for p in parts]), sum(p[k][1] for p in parts)) for k in range(n)]
 
 
-def _warn_long(segs: Segments, max_len: int) -> None:
+def _warn_long(segs: Segments, max_len: int, first_line: int = 1) -> None:
     """One warning for lines with a sentence cut into pieces, one for any truncated word."""
     def shown(lines: list[int]) -> str:
-        return ", ".join(str(i + 1) for i in lines[:10]) + (", ..." if len(lines) > 10 else "")
+        return ", ".join(str(i + first_line) for i in lines[:10]) + (", ..." if len(lines) > 10 else "")
 
     if segs.cut:
         log.warning("%d input line(s) hold a sentence longer than the model's limit of %d tokens: "
@@ -265,15 +272,20 @@ def translate_lines(
     return [hyps[0][0] for hyps in nbest]
 
 
-def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
-    """fairseq-like n-best lines: `i ||| hypothesis ||| score`."""
+def format_nbest(nbest: list[list[tuple[str, float]]], start: int = 0) -> list[str]:
+    """fairseq-like n-best lines: `i ||| hypothesis ||| score`, i counting from `start`."""
     return [f"{i} ||| {text} ||| {score:.4f}"
-            for i, hyps in enumerate(nbest) for text, score in hyps]
+            for i, hyps in enumerate(nbest, start) for text, score in hyps]
 
 
-def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | None = None
-                       ) -> tuple[torch.nn.Module | CT2Model, Tokenizer, torch.device]:
+def load_for_inference(
+    checkpoint: str | None, device_pref: str, threads: int | None = None
+) -> tuple[Transformer | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
+
+    The commands' loader: on a CPU it also sets what holds for the whole process, glibc's
+    allocator options (`device.keep_large_blocks_in_the_heap`) and torch's threads; a
+    library user's `Translator.load` sets neither.
 
     threads: CPU threads (torch's for a checkpoint; for an export on a CPU, that many
     single-threaded CTranslate2 workers, `ct2_model.CT2Model`); None: torch's default,
@@ -287,8 +299,9 @@ def load_for_inference(checkpoint: str | None, device_pref: str, threads: int | 
             the whole process.
 
     Returns:
-        (model, tokenizer, device) (tuple): The model (a `Transformer` in eval mode on
-            the device, or a `CT2Model`), its tokenizer, and the torch device it runs on.
+        model: a `Transformer` in eval mode on the device, or a `CT2Model`.
+        tokenizer: its tokenizer.
+        device: the torch device it runs on.
 
     Raises:
         CheckpointError: no checkpoint given, or one that is missing, incomplete or

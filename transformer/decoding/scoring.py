@@ -1,0 +1,175 @@
+"""Forced scoring: the model's score of given translations, as the search scores its own.
+
+Shapes: B batch (pairs), S source length, T target length + 1 (BOS in, EOS out), V vocabulary,
+N the non-padding target positions of a batch.
+
+    scores = score_lines(model, tokenizer, ["Ciao!"], ["Hi!"], DecodeConfig())   # [-1.23]
+
+A hypothesis of `search.search` scores the sum of the log-probabilities of its tokens and
+of its EOS, divided by GNMT's length penalty ((5 + |y|) / 6) ** lenpen (|y| with the EOS).
+The search's constraints (EOS forbidden before min_len, forced at the length limit) choose
+tokens but never change a token's log-probability, so teacher forcing the same tokens
+gives the same number: `unit_scores` computes exactly that, in batches of `max_tokens`.
+
+A CTranslate2 export (`ct2_model.CT2Model`) is scored with its `score_batch` and the same
+length penalty, plus what CTranslate2's own search adds: it masks EOS *before* its softmax
+for the first min_len steps, so those steps' other tokens score log p - log(1 - p(EOS))
+(see ct2_model.py). `unit_scores` adds that term, read from `score_batch` on the prefixes,
+so an export's hypothesis too scores the same both ways.
+
+A line is scored as `text.translate_nbest` translates it (`score_lines`): split into
+sentences (decode.split_sentences), each sentence scored against its part of the
+translation, the scores summed, which is how a line's n-best score is made
+(`text.join_nbest`). The translation is cut into its parts by the same sentence splitter;
+a line whose translation does not split into as many sentences as its source (a sentence
+translated as two, a long sentence cut into pieces) is scored whole, source line against
+translation, with one warning naming the lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+
+from transformer.config import DecodeConfig
+from transformer.data.batching import length_batches, pad
+from transformer.data.corpus import normalize
+from transformer.data.sentences import segment, split_sentences
+from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.ct2_model import CT2Model
+from transformer.decoding.search import length_penalty, logsumexp
+from transformer.decoding.text import _inference_mode
+
+log = logging.getLogger(__name__)
+
+
+def unit_scores(model, src: Sequence[list[int]], tgt: Sequence[list[int]], cfg: DecodeConfig,
+                device: torch.device) -> list[float]:
+    """The search's score of each target `tgt[i]` (ids, no BOS or EOS) for source `src[i]`
+    (ids, no BOS or EOS, at most max_positions): the log-probabilities of its tokens and
+    EOS, summed, over ((5 + |y|) / 6) ** cfg.lenpen.
+
+    The model runs in the mode and precision the caller set up (`score_lines` does).
+
+    Raises:
+        ValueError: a target longer than the model writes (max_positions - 1 tokens with
+            its EOS), named by its index.
+    """
+    longest = model.cfg.max_positions - 1  # BOS takes a position
+    for i, ids in enumerate(tgt):
+        if len(ids) > longest or len(src[i]) > model.cfg.max_positions:
+            raise ValueError(f"pair {i + 1}: {len(src[i])} source and {len(ids)} target tokens; "
+                             f"this model reads at most {model.cfg.max_positions} and writes at "
+                             f"most {longest} before its EOS")
+    if isinstance(model, CT2Model):
+        totals = _ct2_totals(model, src, tgt, cfg.min_len)
+    else:
+        totals = _totals(model, src, tgt, cfg.max_tokens or 2000, device)
+    return [total / length_penalty(len(ids) + 1, cfg.lenpen) for total, ids in zip(totals, tgt, strict=True)]
+
+
+def _totals(model, src: Sequence[list[int]], tgt: Sequence[list[int]], max_tokens: int,
+            device: torch.device) -> list[float]:
+    """Sum of log p(token) over each target and its EOS, teacher-forced, batched by length."""
+    cfg = model.cfg
+    totals = [0.0] * len(src)
+    lengths = [max(len(s), len(t) + 1, 1) for s, t in zip(src, tgt, strict=True)]
+    for batch in length_batches(lengths, max_tokens):
+        src_ids = pad([src[i] or [cfg.pad_id] for i in batch], cfg.pad_id).to(device)  # (B, S)
+        tgt_in = pad([[cfg.bos_id, *tgt[i]] for i in batch], cfg.pad_id).to(device)  # (B, T)
+        tgt_out = pad([[*tgt[i], cfg.eos_id] for i in batch], cfg.pad_id).to(device)  # (B, T)
+        sizes = torch.tensor([len(tgt[i]) + 1 for i in batch], device=device)  # (B,)
+        real = torch.arange(tgt_in.size(1), device=device)[None] < sizes[:, None]  # (B, T) BOS + target
+        logits = model(src_ids, tgt_in, predict_mask=real).float()  # (N, V)
+        picked = logits.gather(1, tgt_out[real][:, None]).squeeze(1) - logsumexp(logits)  # (N,)
+        per_row = torch.zeros(len(batch), dtype=torch.float64, device=device)
+        rows = torch.arange(len(batch), device=device)[:, None].expand_as(real)[real]  # (N,)
+        per_row.index_add_(0, rows, picked.double())
+        for row, value in zip(batch, per_row.tolist(), strict=True):  # one read per batch
+            totals[row] = value
+    return totals
+
+
+def _ct2_totals(model: CT2Model, src: Sequence[list[int]], tgt: Sequence[list[int]],
+                min_len: int) -> list[float]:
+    """An export's sums, as its search scores: `score_batch`'s log-probabilities, plus
+    -log(1 - p(EOS | y_<t)) for each token step t < min_len (CTranslate2 renormalises the
+    steps where EOS is masked)."""
+    totals = [sum(lp) for lp in model.score(list(src), list(tgt))]
+    for t in range(min_len):
+        rows = [i for i, ids in enumerate(tgt) if len(ids) > t]
+        if not rows:
+            break
+        eos = model.score([src[i] for i in rows], [tgt[i][:t] for i in rows])
+        for i, lp in zip(rows, eos, strict=True):
+            totals[i] -= math.log1p(-math.exp(min(lp[-1], -1e-12)))
+    return totals
+
+
+def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str],
+                cfg: DecodeConfig, device: torch.device) -> list[float]:
+    """The score of each line's translation, as `text.translate_nbest` scores a line: the
+    sum of its sentences' scores (0.0 for an empty source and translation).
+
+    Each source line is split as translation splits it (cfg.split_sentences, pieces of
+    a sentence longer than the model's table included) and its translation by the same
+    splitter; if the counts agree the i-th sentence is scored against the i-th part,
+    else the line is scored whole (one warning names those lines).
+
+    Args:
+        model (Transformer | CT2Model): the model (put in eval mode for the call, under
+            autocast to cfg.precision), or an export's `CT2Model`.
+        tokenizer: the model's SentencePiece tokenizer.
+        sources: the source lines.
+        targets: their translations, one per source line.
+        cfg: settings with their device defaults filled in (`text.decode_settings`):
+            lenpen, split_sentences, max_tokens, precision; min_len for an export.
+        device: where the model is.
+
+    Returns:
+        One score per line, as `text.translate_nbest` scores the line's translation.
+
+    Raises:
+        ValueError: a translation (or a sentence of it) longer than the model writes.
+    """
+    limit = model.cfg.max_positions
+    segs = segment(sources, tokenizer, limit, cfg.split_sentences)
+    units: list[list[list[int]]] = [[] for _ in sources]
+    for owner, ids in zip(segs.owner, segs.ids, strict=True):
+        units[owner].append(ids)
+    parts = [split_sentences(t) if cfg.split_sentences else [t for t in [normalize(t)] if t]
+             for t in targets]
+    src: list[list[int]] = []
+    texts: list[str] = []
+    owner: list[int] = []
+    whole: list[int] = []
+    for i, (line_units, line_parts) in enumerate(zip(units, parts, strict=True)):
+        if not line_units and not line_parts:
+            continue  # an empty line, translated as ""
+        if len(line_units) != len(line_parts):
+            whole.append(i)
+            line_units = [tokenizer.encode([normalize(sources[i])])[0][:limit]]
+            line_parts = [normalize(targets[i])]
+        src += line_units
+        texts += line_parts
+        owner += [i] * len(line_units)
+    if whole:
+        shown = ", ".join(str(i + 1) for i in whole[:10]) + (", ..." if len(whole) > 10 else "")
+        log.warning("%d line(s) whose translation does not split into as many sentences as the "
+                    "source were scored whole (line %s)", len(whole), shown)
+    tgt = tokenizer.encode(texts) if texts else []
+    for i, ids in zip(owner, tgt, strict=True):
+        if len(ids) >= limit:  # BOS takes a position
+            raise ValueError(f"target {i + 1}: a translation of {len(ids)} tokens (or a sentence "
+                             f"of it); this model writes at most {limit - 1}")
+    scores = [0.0] * len(sources)
+    exported = isinstance(model, CT2Model)
+    with contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device):
+        found = unit_scores(model, src, tgt, cfg, device)
+    for i, value in zip(owner, found, strict=True):
+        scores[i] += value
+    return scores
