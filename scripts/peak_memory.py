@@ -39,6 +39,7 @@ from transformer.paths import PROJECT_ROOT
 
 GB = 2**30
 FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+LOG_LINE = re.compile(r"^\S+ \S+ (?:INFO|WARNING|ERROR) \S+: (.*)$")  # mt-train's log format
 
 
 def status(pid: int) -> dict[str, int]:
@@ -79,8 +80,8 @@ class Phases:
         self.dev_line = re.compile(rf"step {val_step} (dev|mean dev|dev BLEU)")
 
     def see(self, line: str) -> None:
-        if "] " in line:
-            self.line = line.split("] ", 1)[-1][:120]
+        if m := LOG_LINE.match(line):
+            self.line = m.group(1)[:120]
         if self.phase == "prepare" and "model: " in line and "parameters" in line:
             self.phase = "train"
         elif self.phase == "train" and self.val_line.search(line):

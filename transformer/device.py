@@ -2,8 +2,8 @@
 
 Training and decoding share it: `resolve_device` and `resolve_precision` turn the `device`
 and `precision` settings (`auto` included) into a torch device and a precision this
-machine computes fast, `autocast` applies it, and on CPU `keep_large_blocks_in_the_heap`
-and `HeapTrimmer` keep the glibc heap from holding freed batches. Distributed training's
+machine computes fast, `autocast` applies it, and on CPU `keep_large_blocks_in_the_heap`,
+`give_back_free_heap` and `HeapTrimmer` keep the glibc heap from holding freed batches. Distributed training's
 process group and the RNG states of an exact resume are training's
 (`transformer/training/distributed.py`).
 """
@@ -52,8 +52,9 @@ def keep_large_blocks_in_the_heap() -> bool:
 
     It first gives back the free heap the process holds (`give_back_free_heap`): from then
     on glibc returns nothing by itself, so what preparation freed (SentencePiece's trainer,
-    the encoding's buffers: 0.85 GB after the Europarl recipe's cold preparation on an
-    AMD EPYC Zen 3) would otherwise stay under every later peak.
+    the encoding's buffers) would otherwise stay under every later peak (0.15 GB above a
+    warm-cache start after the Europarl recipe's cold preparation, 0.07 GB with it; AMD
+    EPYC Zen 3, docs/results.md "Memory: the Europarl recipe's peak").
     """
     libc = _glibc()
     if libc is None:
