@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from transformer import device
 from transformer.device import autocast, describe_cpu, resolve_precision
+from transformer.paths import PROJECT_ROOT
 from transformer.training import distributed
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda:0")  # CUDA is never touched: mocked
@@ -87,6 +91,22 @@ def test_the_heap_trimmer_gives_back_freed_memory_once_the_slack_is_used_up():
     assert device.anonymous_memory() < held - 50 * 2**20
     assert not trim()  # the slack starts again from what is held now
     assert not device.HeapTrimmer(None)() and device.HeapTrimmer(None).libc is None
+
+
+@pytest.mark.skipif(device._glibc() is None, reason="malloc_trim is glibc's")
+def test_keeping_large_blocks_first_gives_back_the_free_heap_preparation_left():
+    # in a process of its own: the large-block setting is for the rest of the process
+    code = """if True:
+        from transformer import device
+        device.give_back_free_heap()
+        blocks = [bytearray(64 * 1024) for _ in range(3200)]  # 200 MB of heap blocks
+        del blocks[::2]  # 100 MB of holes between live blocks, as preparation leaves them
+        held = device.anonymous_memory()
+        assert device.keep_large_blocks_in_the_heap()
+        print(held - device.anonymous_memory())"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert int(out.stdout) > 50 * 2**20
 
 
 @pytest.mark.parametrize("env, launched", [

@@ -23,6 +23,7 @@ from transformer.data.batching import TokenBatchSampler, collate, token_lengths
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.name_copy import NameCopy, name_copy
 from transformer.decoding.text import translate_lines
+from transformer.device import give_back_free_heap
 from transformer.training.loss import batch_loss
 
 
@@ -81,6 +82,8 @@ class Validator:
             return {name: self._score(model, name) for name in self.devs}
         finally:
             model.train(was_training)
+            if self.device.type == "cpu":  # training goes on from its own floor, not ours
+                give_back_free_heap()
 
     def _score(self, model: torch.nn.Module, name: str) -> DevResult:
         dev, tok = self.devs[name], self.tokenizer
