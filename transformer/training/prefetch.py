@@ -54,7 +54,7 @@ class Prefetcher:
                 if not self._put((epoch, index, batch)):
                     return
             self._put(_Failed(StopIteration()))
-        except BaseException as e:  # noqa: BLE001  raised again in the loop's thread
+        except BaseException as e:
             self._put(_Failed(e))
 
     def _put(self, item: object) -> bool:
