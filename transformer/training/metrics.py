@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from transformer.training.state import TrainState
+
 # The fields of `UpdateMeter.values`, in order. The first four are sums over the updates
 # since the last read (loss, NLL and tokens only where the loss was finite, as the log
 # window counts them); the rest describe the last update and the guard's streak.
@@ -64,4 +66,13 @@ class UpdateMeter:
         self.values[:_SUMS] = 0.0
         self.values[_WORST] = self.values[_STREAK]
         self.pending = 0
+        return reading
+
+    def settle(self, state: TrainState) -> dict[str, float]:
+        """`read`, and take the updates it found skipped off `state.step` (each was counted
+        as applied) into `state.skipped_steps`."""
+        reading = self.read()
+        skipped = reading["updates"] - int(reading["applied"])
+        state.step -= skipped
+        state.skipped_steps += skipped
         return reading

@@ -83,6 +83,14 @@ class DivergenceGuard:
             tips.append("train in bf16 or fp32 (trainer.precision)")
         return ", ".join(tips[:-1]) + f" or {tips[-1]}"
 
+    def check_weights(self, model: torch.nn.Module, step: int) -> None:
+        """Weights that turned inf or NaN (an applied update with an infinite learning
+        rate) are neither validated nor saved: raise, the run stops as diverged (one read
+        per parameter, before a validation or save only)."""
+        bad = nonfinite_parameters(model)
+        if bad:
+            raise self.weights_diverged(step, bad)
+
     def weights_diverged(self, step: int, names: list[str]) -> TrainingDiverged:
         """The error for weights that turned inf or NaN after update `step`."""
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

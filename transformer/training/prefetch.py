@@ -20,6 +20,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from transformer.data.batching import TokenBatchSampler, collate
+
 # Seconds between the thread's looks at the stop flag while the queue is full.
 _POLL = 0.05
 
@@ -84,3 +86,16 @@ class Prefetcher:
             except queue.Empty:
                 self.thread.join(timeout=_POLL)
         self.thread.join()
+
+
+def batch_stream(sampler: TokenBatchSampler, train_ids, tokenizer, epoch: int, start: int, pad_to_multiple: int,
+                 vocab_size: int) -> Iterator[tuple[int, int, Any]]:
+    """Endless (epoch, index, Batch) stream of `sampler`'s shard from batch `start` of
+    `epoch`, collated from `train_ids` (a dataset with `src_ids` and `tgt_ids`). Changes
+    no state: the prefetch thread runs it."""
+    while True:
+        batches = sampler.batches(epoch)
+        for index in range(start, len(batches)):
+            yield epoch, index, collate(train_ids[batches[index]], tokenizer.pad_id, tokenizer.bos_id,
+                                        tokenizer.eos_id, pad_to_multiple, vocab_size)
+        epoch, start = epoch + 1, 0

@@ -27,17 +27,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
-from transformer.data.batching import Batch, TokenBatchSampler, collate, token_lengths
+from transformer.data.batching import Batch, TokenBatchSampler, token_lengths
 from transformer.data.pipeline import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
-from transformer.training.distributed import DistInfo
+from transformer.training.distributed import DistInfo, any_rank, token_normaliser
 from transformer.training.logbook import Logbook
 from transformer.training.loss import batch_loss
 from transformer.training.metrics import UpdateMeter
-from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged, nonfinite_parameters
+from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged
 from transformer.training.optimizer import Update, build_optimizer, build_scheduler, schedule_at
-from transformer.training.prefetch import Prefetcher
+from transformer.training.prefetch import Prefetcher, batch_stream
 from transformer.training.signals import StopSignal
 from transformer.training.state import Checkpoints, TrainState
 from transformer.training.validation import DevResult, Validator
@@ -104,7 +104,7 @@ class Trainer:
     def save(self, name: str, with_state: bool = True) -> Path | None:
         """Checkpoint `name` of the current weights (never inf/NaN ones); None off rank 0."""
         self.settle()
-        self._check_weights()
+        self.guard.check_weights(self.model, self.state.step)
         return self.checkpoints.save(name, self.state, with_state)
 
     # ---- the loop -------------------------------------------------------------------
@@ -133,8 +133,7 @@ class Trainer:
                 self.trim_heap()
                 if not self._due():
                     continue  # the steady state: nothing read back, the host runs ahead
-                # A skipped update advances nothing here, but is counted, and the stop
-                # signal is still heeded: a run that only skips would never end otherwise.
+                # a skipped update advances nothing, but the stop signal is still heeded
                 if self.settle()["last_applied"]:
                     if s.step % tc.log_every == 0:
                         self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0])
@@ -142,7 +141,7 @@ class Trainer:
                         early_stop = self._validate_and_save()
                     elif tc.save_every and s.step % tc.save_every == 0:
                         self.save(f"step_{s.step}")
-                early_stop, interrupted = self._agree(early_stop, self.stop_signal is not None)
+                early_stop, interrupted = any_rank((early_stop, self.stop_signal is not None), self.dist, self.device)
                 if early_stop or interrupted:
                     break
             self.settle()
@@ -158,26 +157,20 @@ class Trainer:
         return s
 
     def _due(self) -> bool:
-        """Whether the host must read the updates' record now: a log line, validation or
-        save may fall on this step (as counted so far: each update as applied), the run
-        may end, or a signal or a streak of skipped updates asks for a look. All ranks
-        decide alike (a signal on one rank is looked at on the log grid)."""
+        """Whether to read the updates' metrics now: a log, validation or save may fall on
+        this step, the run may end, a signal (one process) or a streak of skips asks."""
         s, tc = self.state, self.tc
         grid = any(s.step % every == 0 for every in (tc.log_every, tc.val_every, tc.save_every) if every)
         alone = self.dist.world_size == 1 and self.stop_signal is not None
         return grid or alone or self.eager or s.step >= tc.max_steps or not self.update.on_device
 
     def settle(self) -> dict[str, float]:
-        """Read the device's record of the updates since the last read (one read) and bring
-        the host's count up to date: updates skipped are taken off `state.step` and added
-        to `skipped_steps`, the schedule's record follows, the log window gets the losses;
-        the divergence guard looks at the streak. Returns the reading (`last_reading`)."""
+        """Read the updates' metrics since the last read (one read; `UpdateMeter.settle`
+        takes skipped updates off `state.step`); the schedule's record and the log window
+        follow, the divergence guard looks at the streak. Returns the reading."""
         if self.meter.pending == 0:
             return self.last_reading
-        s, reading = self.state, self.meter.read()
-        skipped = reading["updates"] - int(reading["applied"])
-        s.step -= skipped
-        s.skipped_steps += skipped
+        s, reading = self.state, self.meter.settle(self.state)
         schedule_at(self.scheduler, s.step)
         self.logbook.add(reading)
         self.last_reading, self.eager = reading, reading["streak"] > 0
@@ -201,7 +194,7 @@ class Trainer:
     def _validate_and_save(self) -> bool:
         """Validate (rank 0), keep `best` by the selection score, save `step_N`; True when
         early stopping's patience ran out."""
-        self._check_weights()
+        self.guard.check_weights(self.model, self.state.step)
         s, stop = self.state, False
         if self.dist.is_main:
             results = self.validate()
@@ -216,33 +209,11 @@ class Trainer:
         self.save(f"step_{s.step}")
         return stop
 
-    def _agree(self, early_stop: bool, interrupted: bool) -> tuple[bool, bool]:
-        """All ranks stop together: if any rank was signalled, or rank 0 stops early."""
-        if self.dist.world_size == 1:
-            return early_stop, interrupted
-        flags = torch.tensor([float(early_stop), float(interrupted)], device=self.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0]), bool(flags[1])
-
-    def _check_weights(self) -> None:
-        """Weights that turned inf or NaN (an applied update with an infinite learning
-        rate) are neither validated nor saved: the run stops as diverged."""
-        bad = nonfinite_parameters(self.model)
-        if bad:
-            raise self.guard.weights_diverged(self.state.step, bad)
-
     # ---- one update -----------------------------------------------------------------
     def _micro_batches(self):
-        """Endless (epoch, index, Batch) stream of this rank's shard from the saved position
-        (read by the prefetch thread: it changes no state)."""
-        epoch, start = self.state.epoch, self.state.batch_index
-        tok = self.tokenizer
-        while True:
-            batches = self.sampler.batches(epoch)
-            for index in range(start, len(batches)):
-                yield epoch, index, collate(self.train_ids[batches[index]], tok.pad_id, tok.bos_id, tok.eos_id,
-                                            self.pad_to, self.model.cfg.vocab_size)
-            epoch, start = epoch + 1, 0
+        """Endless (epoch, index, Batch) stream of this rank's shard from the saved position."""
+        return batch_stream(self.sampler, self.train_ids, self.tokenizer, self.state.epoch, self.state.batch_index,
+                            self.pad_to, self.model.cfg.vocab_size)
 
     def train_step(self, batches: list[Batch]) -> dict:
         """One optimizer update over `batches` (gradient accumulation), read nowhere: counted
@@ -250,7 +221,7 @@ class Trainer:
         `nll_sum`, `grad_norm`, `applied` (device tensors), `tokens` (an int, this rank's)."""
         self.net.train()
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # shapes: known on the host
-        norm = self._normaliser(n_tokens)
+        norm = token_normaliser(n_tokens, self.dist, self.device)
         loss_sum = nll_sum = 0
         for i, batch in enumerate(batches):
             batch = batch.to(self.device, non_blocking=True)
@@ -268,18 +239,6 @@ class Trainer:
         scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
         self.meter.add(metrics, self.guard.counts(applied, scale))
         return metrics
-
-    def _normaliser(self, n_tokens: int) -> int | torch.Tensor:
-        """What the summed loss is divided by: this update's target tokens. Under DDP, all
-        ranks' tokens over the world size (fairseq's normalisation): DDP averages the
-        ranks' gradients, so each rank's loss / (global tokens / world size) makes the
-        update the one a single process would make on all the ranks' batches. The sum is
-        an all-reduce on the device, never read by the host."""
-        if self.dist.world_size == 1:
-            return max(n_tokens, 1)
-        total = torch.full((), n_tokens, dtype=torch.float32, device=self.device)
-        dist.all_reduce(total)
-        return total.clamp(min=1) / self.dist.world_size
 
     def validate(self) -> dict[str, DevResult]:
         """Every dev set's scores (rank 0 only)."""
