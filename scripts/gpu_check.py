@@ -139,8 +139,9 @@ CPU = Plan(
     ddp_steps=3,
     decode_sentences=20,
     decode_cpu_sentences=20,
-    limits={"device": 30, "data": 60, "tests": 60, "bench": 60, "train": 150, "ddp": 60, "decode": 40},
-    deadline=400,
+    # a shared 2-core CPU under load: two torchrun launches took over 60 s
+    limits={"device": 30, "data": 60, "tests": 60, "bench": 60, "train": 150, "ddp": 90, "decode": 40},
+    deadline=500,
 )
 
 
