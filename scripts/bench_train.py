@@ -11,6 +11,15 @@ in fp32 and bf16 autocast.
     python scripts/bench_train.py --model base --steps 10 --precisions bf16 --peak-tflops 989   # a GPU
     python scripts/bench_train.py --data tatoeba europarl_tatoeba --set corpora.tatoeba=3 \
         --peak-tflops measure          # both data sets (the mix 3:1); utilisation of a measured matmul peak
+    python scripts/bench_train.py --precisions fp32 --compile false true   # torch.compile'd against eager
+
+This trainer's step is the trainer's own update (`transformer.training.optimizer.Update`:
+clipping with `foreach`, the fused AdamW kernel skipping a non-finite update on the
+device, nothing read back); batches are padded to `--pad-to-multiple` (default: 8 on a
+GPU, 1 on a CPU, as training pads them). With `--compile true` this trainer's model is
+`torch.compile`d (the baseline stays eager) and the row reports how many times it was
+compiled (`compiles`: the first shape, then once more with dynamic shapes) and its graph
+breaks; the warm-up round pays for compiling, the timed rounds do not.
 
 With a mix (`--data europarl_tatoeba`) the batches are drawn by the corpus weights, as in
 training. `--peak-tflops measure` times a large matrix product in each precision on the
@@ -49,7 +58,7 @@ from transformer.model.attention import set_attention_path
 from transformer.model.layers import sinusoid_table
 from transformer.model.transformer import build_model, count_parameters
 from transformer.training.loss import batch_loss
-from transformer.training.optimizer import build_optimizer
+from transformer.training.optimizer import Update, build_optimizer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")
@@ -113,16 +122,21 @@ def build_baseline(name: str, cfg: ModelConfig, device: torch.device):
 
 def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str,
               device: torch.device = CPU) -> tuple[float, int]:
-    """Full training steps over `batches` (already on `device`); returns (seconds, target tokens)."""
+    """Full training steps over `batches` (already on `device`); returns (seconds, target
+    tokens). `opt` is an optimizer (a plain step: clip, `opt.step()`) or the trainer's
+    `Update` (which clips and steps)."""
     model.train()
     tokens, t0 = 0, time.perf_counter()
     for batch in batches:
         n = batch.n_tgt_tokens
         loss = loss_fn(model, batch, 0.1, precision, device)
         (loss / n).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if isinstance(opt, Update):
+            opt()
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         tokens += n
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -195,7 +209,8 @@ def matmul_tflops(precision: str, device: torch.device, n: int = 4096, reps: int
     return 2 * n**3 / min(secs[1:]) / 1e12
 
 
-def load_batches(name: str, overrides: list[str], max_tokens: int, steps: int, device: torch.device):
+def load_batches(name: str, overrides: list[str], max_tokens: int, steps: int, device: torch.device,
+                 pad_to_multiple: int = 1):
     """(data, the first `steps` batches of epoch 0 on `device`) of configs/data/<name>.yaml;
     `overrides` (KEY=VALUE) apply where the data config has the key (corpora.* to a mix)."""
     data_yaml = load_preset(DataConfig, CONFIGS / "data" / f"{name}.yaml")
@@ -204,8 +219,8 @@ def load_batches(name: str, overrides: list[str], max_tokens: int, steps: int, d
     tok = data.tokenizer
     train = data.train.select_columns(["src_ids", "tgt_ids"])
     sampler = TokenBatchSampler(*token_lengths(train), max_tokens=max_tokens, seed=1,
-                                mixture=data.mixture(seed=1))
-    return data, [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id).to(device)
+                                mixture=data.mixture(seed=1), pad_to_multiple=pad_to_multiple)
+    return data, [collate(train[idx], tok.pad_id, tok.bos_id, tok.eos_id, pad_to_multiple).to(device)
                   for idx in sampler.batches(0)[:steps]]
 
 
@@ -233,6 +248,10 @@ def main() -> None:
                     help="overrides of the model config, e.g. pre_norm=true attn_dropout=0 (the prose recipe)")
     ap.add_argument("--matmul-n", type=int, default=None,
                     help="size of the matrix product --peak-tflops measure times (default 8192 on CUDA, 4096 on a CPU)")
+    ap.add_argument("--compile", nargs="+", default=["false"], choices=["false", "true"],
+                    help="torch.compile this trainer's model: a row for each (the baseline stays eager)")
+    ap.add_argument("--pad-to-multiple", type=int, default=None,
+                    help="pad batch lengths to a multiple of this (default: 8 on a GPU, 1 on a CPU, as training)")
     ap.add_argument("--json", default=None, metavar="PATH",
                     help="also write every result line as a JSON list to PATH (scripts/gpu_check.py)")
     args = ap.parse_args()
@@ -249,8 +268,9 @@ def main() -> None:
         print("note: this CPU has no native bf16: bf16 autocast is emulated, ~30x slower than fp32")
     peaks: dict[str, float] = {}
     results: list[dict] = []
+    pad_to = args.pad_to_multiple or (8 if device.type == "cuda" else 1)
     for name in args.data:
-        data, batches = load_batches(name, args.set, args.max_tokens, args.steps, device)
+        data, batches = load_batches(name, args.set, args.max_tokens, args.steps, device, pad_to)
         tok = data.tokenizer
         model_yaml = OmegaConf.merge(load_preset(ModelConfig, CONFIGS / "model" / f"{args.model}.yaml"),
                                      OmegaConf.from_dotlist(args.model_set))
@@ -263,32 +283,44 @@ def main() -> None:
         print(f"parameters: this trainer {count_parameters(build_model(model_cfg)):,}, "
               f"nn.Transformer {count_parameters(TorchTransformerMT(model_cfg)):,} (its final LayerNorms)")
         base_name = "nn.Transformer" if args.baseline == "torch" else "SDPA math"
-        print(f"{'precision':<10}{'this trainer tok/s':>20}{base_name + ' tok/s':>22}{'ratio':>8}")
+        print(f"{'precision':<10}{'compile':<9}{'this trainer tok/s':>20}{base_name + ' tok/s':>22}{'ratio':>8}")
         for precision in args.precisions:
             if args.peak_tflops == "measure" and precision not in peaks:
                 peaks[precision] = matmul_tflops(
                     precision, device, n=args.matmul_n or (8192 if device.type == "cuda" else 4096))
             peak = peaks.get(precision) or (float(args.peak_tflops) if args.peak_tflops else None)
-            result = bench_precision(args, model_cfg, batches, precision, device, base_name, peak)
-            results.append({"data": name, "model": args.model, "max_tokens": args.max_tokens,
-                            "parameters": count_parameters(build_model(model_cfg)), **result})
+            for compiled in args.compile:
+                result = bench_precision(args, model_cfg, batches, precision, device, base_name, peak,
+                                         compiled == "true")
+                results.append({"data": name, "model": args.model, "max_tokens": args.max_tokens,
+                                "pad_to_multiple": pad_to,
+                                "parameters": count_parameters(build_model(model_cfg)), **result})
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precision: str,
-                    device: torch.device, base_name: str, peak: float | None) -> dict:
+                    device: torch.device, base_name: str, peak: float | None, compiled: bool = False) -> dict:
     """Alternating timed rounds of this trainer and the baseline; one line of results,
-    also returned as a dict (target tokens/s of each, ratio, MFU, peak memory)."""
+    also returned as a dict (target tokens/s of each, ratio, MFU, peak memory, and with
+    `compiled` the compiles and graph breaks of this trainer's torch.compile'd model)."""
+    from torch._dynamo.utils import counters
+
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(0)
     ours = build_model(model_cfg).to(device)
-    runs = {"ours": (ours, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
-    # ours: the trainer's own optimizer (fused AdamW); the baseline: what an
-    # nn.Transformer user writes (torch.optim.Adam, PyTorch's default implementation)
-    opts = {"ours": build_optimizer(ours, OptimConfig(lr=1e-4), device),
+    net = torch.compile(ours) if compiled else ours
+    counters.clear()
+    runs = {"ours": (net, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
+    # ours: the trainer's own update (fused AdamW, the skip of a non-finite update on the
+    # device); the baseline: what an nn.Transformer user writes (torch.optim.Adam, PyTorch's
+    # default implementation)
+    optim_cfg = OptimConfig(lr=1e-4, warmup_steps=1)
+    ours_opt = build_optimizer(ours, optim_cfg, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    opts = {"ours": Update(ours, ours_opt, scaler, optim_cfg, device),
             "torch": torch.optim.Adam(runs["torch"][0].parameters(), lr=1e-4,
                                       betas=(0.9, 0.98), eps=1e-9)}
     for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
@@ -302,9 +334,13 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
             if k == "ours":
                 secs_ours.append(secs)
     o, t = statistics.median(rates["ours"]), statistics.median(rates["torch"])
-    result = {"precision": precision, "tokens_per_s": o, "baseline": base_name,
+    result = {"precision": precision, "compile": compiled, "tokens_per_s": o, "baseline": base_name,
               "baseline_tokens_per_s": t, "ratio": o / t}
     extra = ""
+    if compiled:
+        result["compiles"] = counters["frames"]["total"]
+        result["graph_breaks"] = sum(counters["graph_break"].values())
+        extra += f"  compiles {result['compiles']}, graph breaks {result['graph_breaks']}"
     if peak:
         achieved = step_flops(ours, batches) / statistics.median(secs_ours) / 1e12
         extra += f"  model TFLOP/s {achieved:.3f}, peak {peak:.3f}, MFU {achieved / peak:.1%}"
@@ -313,11 +349,11 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
         memory = torch.cuda.max_memory_allocated(device) / 2**30
         extra += f"  peak memory {memory:.1f} GiB"
         result["peak_memory_gib"] = memory
-    print(f"{precision:<10}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
+    print(f"{precision:<10}{str(compiled).lower():<9}{o:>20,.0f}{t:>22,.0f}{o / t:>8.2f}{extra}")
     rounds = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["ours"], rates["torch"]))
     print(f"{'':<10}rounds (this trainer/{base_name}): {rounds}", flush=True)
     if args.profile:
-        profile_step(ours, ours_loss, opts["ours"], batches, precision, device,
+        profile_step(net, ours_loss, opts["ours"], batches, precision, device,
                      model_cfg.vocab_size, step_flops(ours, batches), peak)
     return result
 

@@ -9,8 +9,10 @@ environment (docs/training.md, "Checking a GPU"):
     scripts/gpu_check.sh --steps train,decode   # some steps only (a rerun)
 
 Each step runs in its own process with its own time limit, so a hang costs that step's
-limit and no more; the whole run also has a deadline (`--deadline`, 420 s on a GPU) that
-shortens the last steps' limits. The JSON is rewritten after every step: a run cut off
+limit and no more; the whole run also has a deadline (`--deadline`, 540 s on a GPU: one
+call of the device tool, `timeout_s=560`, whose limit is 600 s) that shortens the last
+steps' limits. The GPU limits add up to the deadline (25 + 50 + 60 + 130 + 160 + 55 + 60
+= 540 s): every step runs in one call. The JSON is rewritten after every step: a run cut off
 still says what it found. A step passes when its command succeeded and its figures meet
 the stated tolerances; its figures are kept either way.
 
@@ -18,13 +20,16 @@ Steps (GPU sizes; `--cpu` runs the same code on data/sample and the tiny model):
   device  name, memory, versions, bf16 support, measured matmul peaks (bf16, fp16, TF32, fp32)
   data    mt-prepare of the corpus the later steps share (SentencePiece, encoded cache)
   tests   pytest -m gpu: counts and each failure's first line
-  bench   scripts/bench_train.py, base and big models in bf16 and fp16 against nn.Transformer:
-          target tokens/s, the ratio, MFU against the measured peak
+  bench   scripts/bench_train.py, base and big models in bf16 against nn.Transformer:
+          target tokens/s, the ratio, MFU against the measured peak; base also
+          torch.compile'd (`compile` true and false rows; compiles, graph breaks)
   train   the base model on Tatoeba for TRAIN_SECONDS: losses at fixed updates, tokens/s,
           peak GPU memory, dev BLEU; then 50 updates in fp32 and fp16 from the same start,
-          each update's loss against the bf16 run's within LOSS_RTOL
-  ddp     torchrun --nproc_per_node=1 (NCCL on a GPU, gloo on a CPU): 30 updates through
-          DistributedDataParallel, then a resume to 40
+          each update's loss against the bf16 run's within LOSS_RTOL; then
+          scripts/profile_update.py over 10 updates: host reads (syncs), kernel launches
+          and aten ops per update, the GPU's busy fraction (null on a CPU)
+  ddp     torchrun --nproc_per_node=1 (NCCL on a GPU, gloo on a CPU): 20 updates through
+          DistributedDataParallel, then a resume to 26
   decode  the trained model on the GPU: beam 5 and greedy on the tatoeba-test sentences,
           beam 5 on europarl-test's first 500 (sent/s), host reads per decoder step; beam 5
           on the CPU; BLEU on the shared sentences within 0.2
@@ -62,6 +67,7 @@ class Plan:
     test_file: str  # the decode step's source; its reference is the same name with .en
     matmul_n: int
     bench_models: list[str]
+    bench_compile_models: list[str]  # also run torch.compile'd (a `compile: true` row each)
     bench_precisions: list[str]
     bench_max_tokens: int
     bench_steps: int
@@ -86,7 +92,8 @@ GPU = Plan(
     test_file=".gpu/data/eval/tatoeba-test.it",
     matmul_n=8192,
     bench_models=["base", "big"],
-    bench_precisions=["bf16", "fp16"],
+    bench_compile_models=["base"],
+    bench_precisions=["bf16"],  # fp16 ran within 5% of bf16 in the first check
     bench_max_tokens=16384,
     bench_steps=6,
     train_model="base",
@@ -101,11 +108,13 @@ GPU = Plan(
     compare_steps=50,
     compare_precisions=["fp32", "fp16"],
     ddp_model="small",
-    ddp_steps=30,
+    ddp_steps=20,
     decode_sentences=2000,
     decode_cpu_sentences=500,
-    limits={"device": 30, "data": 90, "tests": 90, "bench": 120, "train": 200, "ddp": 70, "decode": 70},
-    deadline=420,
+    # measured on an H200 (2026-11-26): device 9 s, data 29 s, tests ~40 s, bench ~110 s
+    # for four eager rows, train 75 s + ~40 s of comparisons, ddp ~50 s (cut at 42 s)
+    limits={"device": 25, "data": 50, "tests": 60, "bench": 130, "train": 160, "ddp": 55, "decode": 60},
+    deadline=540,
 )
 
 CPU = Plan(
@@ -115,6 +124,7 @@ CPU = Plan(
     test_file="data/sample/dev.it",
     matmul_n=256,
     bench_models=["tiny"],
+    bench_compile_models=[],  # compiling takes minutes on a 2-core CPU (docs/results.md has it measured)
     bench_precisions=["fp32", "bf16"],
     bench_max_tokens=256,
     bench_steps=2,
@@ -130,8 +140,9 @@ CPU = Plan(
     ddp_steps=3,
     decode_sentences=20,
     decode_cpu_sentences=20,
-    limits={"device": 30, "data": 60, "tests": 60, "bench": 60, "train": 90, "ddp": 60, "decode": 40},
-    deadline=300,
+    # a shared 2-core CPU under load: two torchrun launches took over 60 s
+    limits={"device": 30, "data": 60, "tests": 60, "bench": 60, "train": 150, "ddp": 90, "decode": 40},
+    deadline=500,
 )
 
 
@@ -360,13 +371,23 @@ def step_data(plan: Plan, work: Path, r: dict) -> dict:
 
 
 def step_bench(plan: Plan, work: Path, r: dict) -> dict:
+    """Eager rows first (each model), then the compiled ones, each call writing its rows: a
+    compile that runs past what is left of the step's limit costs its own row only."""
+    t0 = time.monotonic()
     r["results"] = []
-    for model in plan.bench_models:
-        out = work / f"bench_{model}.json"
-        sh([sys.executable, "scripts/bench_train.py", "--model", model, *plan.bench_data,
-            f"cache_dir={work / 'cache'}", "--precisions", *plan.bench_precisions,
-            "--peak-tflops", "measure", "--matmul-n", str(plan.matmul_n), "--max-tokens", str(plan.bench_max_tokens),
-            "--steps", str(plan.bench_steps), "--rounds", "3", "--device", plan.device, "--json", str(out)])
+    runs = [(m, "false") for m in plan.bench_models] + [(m, "true") for m in plan.bench_compile_models]
+    for model, compiled in runs:
+        out = work / f"bench_{model}_{compiled}.json"
+        left = plan.limits["bench"] - (time.monotonic() - t0) - 5
+        try:
+            sh([sys.executable, "scripts/bench_train.py", "--model", model, *plan.bench_data,
+                f"cache_dir={work / 'cache'}", "--precisions", *plan.bench_precisions, "--compile", compiled,
+                "--peak-tflops", "measure", "--matmul-n", str(plan.matmul_n), "--max-tokens",
+                str(plan.bench_max_tokens), "--steps", str(plan.bench_steps), "--rounds", "3",
+                "--device", plan.device, "--json", str(out)], limit=max(left, 1))
+        except subprocess.TimeoutExpired:
+            raise StepFailed(f"bench --model {model} --compile {compiled} ran past the step's "
+                             f"{plan.limits['bench']} s") from None
         r["results"] += json.loads(out.read_text())
     return r
 
@@ -431,11 +452,28 @@ def step_train(plan: Plan, work: Path, r: dict) -> dict:
         r["compare"][precision] = {"max_rel_diff": round(max(rel), 5), "mean_rel_diff": round(statistics.mean(rel), 5),
                                    "loss_at_last": [round(loss[plan.compare_steps], 4),
                                                     round(theirs[plan.compare_steps], 4)]}
+    r |= profile_updates(plan, work)
     worst = max(c["max_rel_diff"] for c in r["compare"].values())
     if worst > LOSS_RTOL:
         raise StepFailed(f"the first {plan.compare_steps} losses of the {r['precision']} run differ from "
                          f"another precision's by up to {worst:.1%} (tolerance {LOSS_RTOL:.0%})")
     return r
+
+
+def profile_updates(plan: Plan, work: Path) -> dict:
+    """scripts/profile_update.py on the train step's model and data: host reads (syncs),
+    kernel launches and aten ops per update, the GPU's busy fraction. On a CPU it takes
+    the code paths a GPU takes (SDPA attention, F.dropout): the CPU's own fast paths read
+    CPU values, which cost no wait."""
+    out = work / "profile_update.json"
+    cmd = [sys.executable, "scripts/profile_update.py", "--updates", "10", "--json", str(out),
+           *(["--device-paths"] if plan.device == "cpu" else []), f"model={plan.train_model}", *plan.data,
+           f"data.cache_dir={work / 'cache'}", *plan.train_overrides, f"trainer.device={plan.device}"]
+    sh(cmd)
+    p = json.loads(out.read_text())
+    keys = ("host_syncs_per_update", "kernel_launches_per_update", "aten_ops_per_update",
+            "stream_syncs_per_update", "gpu_busy_fraction", "ms_per_update_profiled", "host_reads_by_site")
+    return {k: p[k] for k in keys}
 
 
 def step_ddp(plan: Plan, work: Path, r: dict) -> dict:

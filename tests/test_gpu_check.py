@@ -1,6 +1,6 @@
 """scripts/gpu_check.sh --cpu: every step of the GPU check at toy size on a CPU, so that
 the script cannot rot between the rare times a GPU is at hand (docs/training.md,
-"Checking a GPU"). Slow (a minute and a half on a 2-core CPU): CI's `pytest -m slow`."""
+"Checking a GPU"). Slow (two minutes on a 2-core CPU): CI's `pytest -m slow`."""
 
 from __future__ import annotations
 
@@ -27,8 +27,12 @@ def test_the_cpu_mode_runs_every_step_and_writes_the_json(tmp_path):
     assert steps["device"]["matmul_tflops"]["fp32"] > 0
     assert {r["precision"] for r in steps["bench"]["results"]} == {"fp32", "bf16"}
     assert all(r["tokens_per_s"] > 0 and r["ratio"] > 0 for r in steps["bench"]["results"])
+    assert {r["compile"] for r in steps["bench"]["results"]} == {False}  # compiling: GPU rows only
     train = steps["train"]
     assert train["updates"] == 16 and set(train["loss_at"]) == {"1", "5", "10", "16"}
+    # the profile of 10 updates, logged every 10: one read of the metrics (the GPU's code paths)
+    assert train["host_syncs_per_update"] == 0.1 and train["aten_ops_per_update"] > 100
+    assert train["kernel_launches_per_update"] is None and train["gpu_busy_fraction"] is None
     assert train["compare"]["fp32"]["max_rel_diff"] <= 0.03
     assert steps["ddp"]["backend"] == "gloo" and steps["ddp"]["resumed_to"] == 4
     assert steps["decode"]["cpu"]["sentences"] == 20

@@ -24,6 +24,8 @@ from transformer.bounds import MAX_BATCH_TOKENS, MAX_BEAM_SIZE, MAX_POSITIONS, w
 from transformer.errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+MAX_PAD_TO_MULTIPLE = 64  # data.pad_to_multiple: beyond it padding costs more than shapes save
+MAX_PREFETCH_BATCHES = 64  # data.prefetch_batches: batches held in host memory
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
 
 
@@ -158,6 +160,11 @@ class DataConfig:
     bucket_chunk: int = 100  # batches' worth of examples sorted together before shuffling
     num_proc: int = 2  # preparation: worker processes that clean and encode chunks (SentencePiece threads for a small corpus)
     cache_dir: str = "data/cache"  # tokenizers and encoded corpora (git-ignored)
+    # training's batches as the loop gets them (docs/performance.md, "The training loop"):
+    # pad both lengths up to a multiple of this; null: 8 on a GPU (few distinct shapes for
+    # trainer.compile, tensor-core-sized matrices), 1 on a CPU (where padding is compute)
+    pad_to_multiple: int | None = None
+    prefetch_batches: int = 4  # batches a background thread collates ahead (host memory)
 
     def validate(self, prefix: str = "data") -> None:
         names = (*CORPORA, "mix")
@@ -192,6 +199,10 @@ class DataConfig:
         positive(f"{prefix}.bucket_chunk", self.bucket_chunk)
         positive(f"{prefix}.num_proc", self.num_proc)
         at_most_workers(f"{prefix}.num_proc", self.num_proc)
+        positive(f"{prefix}.pad_to_multiple", self.pad_to_multiple, optional=True)
+        _at_most(f"{prefix}.pad_to_multiple", self.pad_to_multiple or 1, MAX_PAD_TO_MULTIPLE)
+        positive(f"{prefix}.prefetch_batches", self.prefetch_batches)
+        _at_most(f"{prefix}.prefetch_batches", self.prefetch_batches, MAX_PREFETCH_BATCHES)
 
     def describe(self) -> str:
         """The corpus, or a mix's corpora and weights: `mix (tatoeba 1, europarl 2)`."""

@@ -2,7 +2,7 @@
 command) and its configs (every experiment composes, overrides reach the dataclasses,
 mistakes fail before anything runs).
 
-The trainer's own tests are in tests/training/test_trainer_moved.py; DDP in
+The trainer's own tests are in tests/training/test_trainer.py; DDP in
 tests/training/test_distributed.py, a resume with another vocabulary in
 tests/training/test_state.py, corrupt checkpoints in tests/test_checkpoint.py."""
 

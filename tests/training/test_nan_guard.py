@@ -17,6 +17,7 @@ import torch
 from transformer import checkpoint as ckpt
 from transformer.config import ConfigError, OptimConfig, TrainConfig, to_dataclass
 from transformer.paths import PROJECT_ROOT
+from transformer.training.metrics import UpdateMeter
 from transformer.training.nan_guard import FP16_MIN_SCALE, DivergenceGuard, TrainingDiverged
 from transformer.training.trainer import Trainer
 
@@ -95,21 +96,31 @@ def test_weights_that_turn_nonfinite_are_neither_validated_nor_saved(tmp_path, m
     assert not (tmp_path / "run" / "checkpoints" / "best").exists()
 
 
+def meter_after(guard: DivergenceGuard, updates: list[tuple[bool, float, float, float | None]]) -> dict:
+    """The meter's reading after `updates` (applied, loss_sum, grad_norm, loss scale), the
+    guard's count kept on the device as the trainer keeps it."""
+    meter = UpdateMeter(torch.device("cpu"))
+    for applied, loss, norm, scale in updates:
+        ok = torch.tensor(applied)
+        metrics = {"loss_sum": torch.tensor(loss), "nll_sum": torch.tensor(loss),
+                   "grad_norm": torch.tensor(norm), "applied": ok, "tokens": 1}
+        meter.add(metrics, guard.counts(ok, None if scale is None else torch.tensor(scale)))
+    return meter.read()
+
+
 def test_the_guard_counts_only_skips_in_a_row_and_lets_fp16_find_its_scale():
     guard = DivergenceGuard(3, OptimConfig(lr=1e-3), "fp32")
-    bad = {"applied": 0.0, "loss": math.nan, "grad_norm": math.nan}
-    good = {"applied": 1.0, "loss": 2.0, "grad_norm": 1.0}
-    for m in (bad, bad, good, bad, bad):  # an applied update resets the count
-        guard.check(7, m, None)
+    bad, good = (False, math.nan, math.nan, None), (True, 2.0, 1.0, None)
+    guard.check(7, meter_after(guard, [bad, bad, good, bad, bad]))  # an applied update resets the count
     with pytest.raises(TrainingDiverged, match="the loss is nan for 3 updates in a row"):
-        guard.check(7, bad, None)
+        guard.check(7, meter_after(guard, [bad, bad, good, bad, bad, bad]))
+    with pytest.raises(TrainingDiverged, match="for 3 updates in a row"):  # a streak between two reads
+        guard.check(7, meter_after(guard, [bad, bad, bad, good]))
     fp16 = DivergenceGuard(2, OptimConfig(), "fp16")
-    overflow = {"applied": 0.0, "loss": 3.0, "grad_norm": math.inf}
-    for _ in range(20):  # GradScaler halving its scale from 65536: not divergence
-        fp16.check(0, overflow, 2.0**10)
-    fp16.check(0, overflow, FP16_MIN_SCALE / 2)
+    overflow = [(False, 3.0, math.inf, 2.0**10)] * 20  # GradScaler halving its scale from 65536: not divergence
+    fp16.check(0, meter_after(fp16, [*overflow, (False, 3.0, math.inf, FP16_MIN_SCALE / 2)]))
     with pytest.raises(TrainingDiverged, match=r"gradient norm is inf .* bf16 or fp32"):
-        fp16.check(0, overflow, FP16_MIN_SCALE / 4)
+        fp16.check(0, meter_after(fp16, [*overflow, *[(False, 3.0, math.inf, FP16_MIN_SCALE / 4)] * 2]))
 
 
 @pytest.mark.parametrize("override", ["optim.lr=inf", "optim.lr=nan", "optim.label_smoothing=-inf",

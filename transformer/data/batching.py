@@ -27,32 +27,49 @@ TGT_EXTRA = 1
 
 @dataclass
 class Batch:
+    """A padded batch, as `collate` builds it on the host.
+
+    `predict_index` (N,) holds the flat positions (row-major in (B, T)) of the real target
+    tokens, the positions the loss predicts: `collate` computes it on the host, so the
+    model picks those rows with `index_select` and the trainer knows N (`n_tgt_tokens`,
+    its length) without reading anything back from the device. A batch built by hand
+    gets it from `tgt_out_ids` (a read of the values, free on a CPU tensor).
+    """
+
     src_ids: torch.Tensor  # (B, S) long, right-padded
     tgt_in_ids: torch.Tensor  # (B, T) long: BOS + y, right-padded
     tgt_out_ids: torch.Tensor  # (B, T) long: y + EOS, right-padded
     pad_id: int = 0
+    predict_index: torch.Tensor | None = None  # (N,) long: flat positions of tgt_out_ids != pad_id
+
+    def __post_init__(self) -> None:
+        if self.predict_index is None:
+            self.predict_index = (self.tgt_out_ids != self.pad_id).flatten().nonzero().squeeze(1)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         move = lambda x: x.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Batch(move(self.src_ids), move(self.tgt_in_ids), move(self.tgt_out_ids), self.pad_id)
+        return Batch(move(self.src_ids), move(self.tgt_in_ids), move(self.tgt_out_ids), self.pad_id,
+                     move(self.predict_index))
 
     def pin_memory(self) -> Batch:
-        """Called by DataLoader(pin_memory=True)."""
+        """Page-locked copies (DataLoader(pin_memory=True), the trainer's prefetcher on CUDA),
+        so that `to(cuda, non_blocking=True)` is an asynchronous copy."""
         pin = lambda x: x.pin_memory()  # noqa: E731
-        return Batch(pin(self.src_ids), pin(self.tgt_in_ids), pin(self.tgt_out_ids), self.pad_id)
+        return Batch(pin(self.src_ids), pin(self.tgt_in_ids), pin(self.tgt_out_ids), self.pad_id,
+                     pin(self.predict_index))
 
     def __len__(self) -> int:
         return self.src_ids.size(0)
 
     @property
     def n_src_tokens(self) -> int:
-        """Real (non-padding) source tokens."""
+        """Real (non-padding) source tokens (a read of the values)."""
         return int((self.src_ids != self.pad_id).sum())
 
     @property
     def n_tgt_tokens(self) -> int:
-        """Real target tokens predicted by the loss (y + EOS)."""
-        return int((self.tgt_out_ids != self.pad_id).sum())
+        """Real target tokens predicted by the loss (y + EOS): a shape, never a read."""
+        return self.predict_index.numel()
 
 
 def collate(
@@ -60,41 +77,61 @@ def collate(
     pad_id: int,
     bos_id: int,
     eos_id: int,
+    pad_to_multiple: int = 1,
+    vocab_size: int | None = None,
 ) -> Batch:
-    """Pad a list of `{"src_ids", "tgt_ids"}` examples (or one dict of such lists) to a Batch."""
+    """Pad a list of `{"src_ids", "tgt_ids"}` examples (or one dict of such lists) to a Batch.
+
+    Args:
+        pad_to_multiple: pad both lengths up to a multiple of this (8 on a GPU: few distinct
+            shapes for `torch.compile`, tensor-core-friendly sizes; 1: no extra padding).
+        vocab_size: if given, ids outside [0, vocab_size) are a ValueError here, on the
+            host, before the batch reaches a device (where the model does not check them).
+    """
     if isinstance(examples, Mapping):  # dataset[indices] gives columns
         srcs, tgts = examples["src_ids"], examples["tgt_ids"]
     else:
         srcs = [ex["src_ids"] for ex in examples]
         tgts = [ex["tgt_ids"] for ex in examples]
-    src_ids, _ = _pad(srcs, pad_id, offset=0, extra=SRC_EXTRA)
-    tgt_in_ids, tgt_lens = _pad(tgts, pad_id, offset=1, extra=TGT_EXTRA)
+    src_ids, _ = _pad(srcs, pad_id, offset=0, extra=SRC_EXTRA, multiple=pad_to_multiple, vocab_size=vocab_size)
+    tgt_in_ids, tgt_lens = _pad(tgts, pad_id, offset=1, extra=TGT_EXTRA, multiple=pad_to_multiple,
+                                vocab_size=vocab_size)
     tgt_in_ids[:, 0] = bos_id
-    tgt_out_ids, _ = _pad(tgts, pad_id, offset=0, extra=TGT_EXTRA)
-    tgt_out_ids[torch.arange(len(tgts)), tgt_lens] = eos_id
-    return Batch(src_ids, tgt_in_ids, tgt_out_ids, pad_id)
+    tgt_out_ids, _ = _pad(tgts, pad_id, offset=0, extra=TGT_EXTRA, multiple=pad_to_multiple)
+    rows = np.arange(len(tgts))
+    tgt_out_ids[rows, tgt_lens] = eos_id
+    # y + EOS of row i sit at [0, len_i]: their flat positions, in row-major order
+    width = tgt_out_ids.shape[1]
+    predict_index = np.flatnonzero(np.arange(width)[None, :] <= tgt_lens[:, None])
+    return Batch(torch.from_numpy(src_ids), torch.from_numpy(tgt_in_ids), torch.from_numpy(tgt_out_ids),
+                 pad_id, torch.from_numpy(predict_index))
 
 
 def _pad(
-    seqs: Sequence[Sequence[int]], pad_id: int, offset: int, extra: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, max_len + extra) long tensor with row i's ids at [offset, offset + len_i); lengths.
+    seqs: Sequence[Sequence[int]], pad_id: int, offset: int, extra: int, multiple: int = 1,
+    vocab_size: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(B, width) int64 array with row i's ids at [offset, offset + len_i); lengths. width is
+    max_len + extra rounded up to `multiple`.
 
     Vectorised in numpy (one boolean-mask assignment): a Python loop over rows, or the same
     in torch with its thread pool, takes 10-20 ms for a batch of 400 short sentences.
     """
     lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))
-    out = np.full((len(seqs), int(lens.max()) + extra), pad_id, dtype=np.int64)
+    if vocab_size is not None and flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
+        raise ValueError(f"ids outside the vocabulary [0, {vocab_size}): min {flat.min()}, max {flat.max()}")
+    width = -(-(int(lens.max()) + extra) // multiple) * multiple
+    out = np.full((len(seqs), width), pad_id, dtype=np.int64)
     positions = np.arange(out.shape[1])
     inside = (positions >= offset) & (positions < lens[:, None] + offset)  # row-major = flat order
     out[inside] = flat
-    return torch.from_numpy(out), torch.from_numpy(lens)
+    return out, lens
 
 
 def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
     """Right-pad non-empty id lists to a (B, S) long tensor, as `collate` pads a source."""
-    return _pad(seqs, pad_id, offset=0, extra=0)[0]
+    return torch.from_numpy(_pad(seqs, pad_id, offset=0, extra=0)[0])
 
 
 def length_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -207,7 +244,8 @@ class TokenBatchSampler:
     With a `mixture` (several corpora, weighted), an epoch is the mixture's draw of rows
     instead of a permutation of all of them. An epoch's batches are a `BatchPlan` (numpy
     arrays, nothing per example in Python). Usable as a DataLoader `batch_sampler` after
-    `set_epoch(epoch, start)`.
+    `set_epoch(epoch, start)`. With `pad_to_multiple` (as given to `collate`) the budget
+    counts the lengths rounded up, so a padded batch still holds at most `max_tokens`.
     """
 
     def __init__(
@@ -221,6 +259,7 @@ class TokenBatchSampler:
         world_size: int = 1,
         bucket_chunk: int = 100,
         mixture: CorpusMixture | None = None,
+        pad_to_multiple: int = 1,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
@@ -231,7 +270,8 @@ class TokenBatchSampler:
             raise ValueError(
                 f"need as many source as target lengths, got {len(src)} and {len(tgt)}"
             )
-        self.sizes = np.maximum(src, tgt)  # padded tokens one example costs per row
+        # padded tokens one example costs per row, as `collate(pad_to_multiple=...)` pads it
+        self.sizes = -(-np.maximum(src, tgt) // pad_to_multiple) * pad_to_multiple
         longest = int(self.sizes.argmax())
         if self.sizes[longest] > max_tokens:
             raise ValueError(

@@ -139,6 +139,9 @@ class MultiHeadAttention(nn.Module):
         k, v = self._keys_values(kv, cache, static_kv)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
         use_sdpa = q.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
+        # compiled: SDPA (the explicit path's check for empty rows reads a value, which
+        # would break the graph in every attention layer)
+        use_sdpa = use_sdpa or torch.compiler.is_compiling()
         if self.store_weights or not use_sdpa:
             w = attention_weights(q, k, mask)
             if self.store_weights:

@@ -6,7 +6,7 @@ API in the shape of the paper, plain tensors in and out:
     memory = model.encode(src_ids)                                 # (B, S, D)
     logits = model.decode(tgt_in_ids, memory, src_ids, cache=None)  # (B, T, V)
     logits = model(src_ids, tgt_in_ids)                             # (B, T, V)
-    logits = model(src_ids, tgt_in_ids, predict_mask)               # (N, V), training
+    logits = model(src_ids, tgt_in_ids, predict_index=index)        # (N, V), training
 Masks are never passed in: they are built here from the ids and `pad_id` (masks.py).
 """
 
@@ -105,19 +105,28 @@ class Transformer(nn.Module):
             self.tgt_embed.weight[self.cfg.pad_id].zero_()
 
     def _check_ids(self, ids: torch.Tensor, name: str) -> None:
+        """The ids' shape and dtype (metadata, never a read of the values). Their range is
+        checked where it costs no wait: on a CPU tensor, the embedding lookup checks every
+        id (an IndexError, turned into a ValueError naming the tensor by `_embed`). On a
+        GPU the values are not read back (a read per forward would stop the host every
+        update): the data path checks them on the host (`collate(vocab_size=...)`, the
+        tokenizer's ids are below its size), and an id out of range there is CUDA's
+        device-side assert."""
         if ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32):
             raise ValueError(f"{name} must be a (batch, length) integer tensor, got "
                              f"shape {tuple(ids.shape)} and dtype {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"{name} holds ids outside the vocabulary [0, "
-                             f"{self.cfg.vocab_size}): min {int(ids.min())}, max {int(ids.max())}")
 
-    def _embed(self, embed: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def _embed(self, embed: nn.Embedding, ids: torch.Tensor, name: str, offset: int = 0) -> torch.Tensor:
         """Token embeddings scaled by sqrt(D) plus sinusoidal positions (section 3.4-3.5)."""
         end = offset + ids.size(1)
         if end > self.cfg.max_positions:
             raise ValueError(f"sequence of {end} tokens exceeds model max_positions={self.cfg.max_positions}")
-        x = embed(ids) * self.embed_scale + self.sinusoids[offset:end]
+        try:
+            x = embed(ids)
+        except IndexError:  # the CPU lookup's range check: say which tensor and which ids
+            raise ValueError(f"{name} holds ids outside the vocabulary [0, {self.cfg.vocab_size}): "
+                             f"min {int(ids.min())}, max {int(ids.max())}") from None
+        x = x * self.embed_scale + self.sinusoids[offset:end]
         return self.dropout(x)
 
     def encode(self, src_ids: torch.Tensor) -> torch.Tensor:
@@ -137,7 +146,7 @@ class Transformer(nn.Module):
         """
         self._check_ids(src_ids, "src_ids")
         src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
-        x = self._embed(self.src_embed, src_ids)
+        x = self._embed(self.src_embed, src_ids, "src_ids")
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
         return self.encoder_norm(x)
@@ -173,24 +182,28 @@ class Transformer(nn.Module):
         return self.out_proj(self._decoder_states(tgt_in_ids, memory, src_ids, cache))
 
     def forward(
-        self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, predict_mask: torch.Tensor | None = None
+        self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, predict_mask: torch.Tensor | None = None,
+        predict_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """src_ids (B, S), tgt_in_ids (B, T) -> logits (B, T, V) (teacher forcing).
 
-        predict_mask: optional bool (B, T); then logits are computed only where it is True
-        and returned as (N, V), N = predict_mask.sum(), in row-major order. Training passes
-        the non-padding targets: the output layer is the largest matrix of a small model,
-        and its work at padded positions would be thrown away by the loss.
+        predict_mask / predict_index: optional; then logits are computed only at the
+        positions they name and returned as (N, V), in row-major order. Training passes the
+        non-padding targets: the output layer is the largest matrix of a small model, and
+        its work at padded positions would be thrown away by the loss. `predict_index`
+        (what training passes, `Batch.predict_index`) never reads the device; a
+        `predict_mask` is indexing with a bool mask, whose output size the host must read.
 
         Args:
             src_ids: source ids (B, S), right-padded, no BOS or EOS.
             tgt_in_ids: target input ids (B, T): BOS then the target, right-padded (the
                 target shifted right; `tgt_out_ids` is the target then EOS).
             predict_mask: None, or a bool (B, T) that is True where logits are wanted.
+            predict_index: None, or the (N,) long flat positions (row * T + column) where
+                logits are wanted, ascending.
 
         Returns:
-            Logits (B, T, V) at every target position, or (N, V) at the N positions where
-            `predict_mask` is True.
+            Logits (B, T, V) at every target position, or (N, V) at the N positions named.
 
         Raises:
             ValueError: ids outside the vocabulary or too long, shapes that disagree, or a
@@ -202,6 +215,8 @@ class Transformer(nn.Module):
                 raise ValueError(f"predict_mask must be a bool tensor of shape {tuple(tgt_in_ids.shape)}, "
                                  f"got {predict_mask.dtype} {tuple(predict_mask.shape)}")
             states = states[predict_mask]  # (N, D)
+        elif predict_index is not None:
+            states = states.flatten(0, 1).index_select(0, predict_index)  # (N, D)
         return self.out_proj(states)
 
     def _decoder_states(
@@ -227,7 +242,7 @@ class Transformer(nn.Module):
         tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
         src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         memory = autocast_input(memory)  # once, not in every layer's k and v projections
-        x = self._embed(self.tgt_embed, tgt_in_ids, offset)
+        x = self._embed(self.tgt_embed, tgt_in_ids, "tgt_in_ids", offset)
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
             x = layer(x, memory, tgt_mask, src_mask, layer_cache)

@@ -83,3 +83,26 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def token_normaliser(n_tokens: int, info: DistInfo, device: torch.device) -> int | torch.Tensor:
+    """What an update's summed loss is divided by: its `n_tokens` target tokens. Under DDP,
+    all ranks' tokens over the world size (fairseq's normalisation): DDP averages the
+    ranks' gradients, so each rank's loss / (global tokens / world size) makes the update
+    the one a single process would make on all the ranks' batches. The sum is an
+    all-reduce on the device, never read by the host."""
+    if info.world_size == 1:
+        return max(n_tokens, 1)
+    total = torch.full((), n_tokens, dtype=torch.float32, device=device)
+    dist.all_reduce(total)
+    return total.clamp(min=1) / info.world_size
+
+
+def any_rank(flags: tuple[bool, ...], info: DistInfo, device: torch.device) -> tuple[bool, ...]:
+    """Each flag, true if it is true on any rank (all ranks stop together; a read of the
+    device, so the loop asks only when it reads its metrics anyway)."""
+    if info.world_size == 1:
+        return flags
+    t = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return tuple(bool(v) for v in t.tolist())

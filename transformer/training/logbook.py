@@ -87,16 +87,17 @@ class Logbook:
         self.window.reset()
 
     def add(self, metrics: dict[str, float]) -> None:
-        """Count an update in the window where its loss is finite; an applied one moves the bar.
+        """Count updates in the window where their loss is finite; applied ones move the bar.
 
         Args:
-            metrics: the update's, as `Trainer.train_step` returns them (`loss_sum`,
-                `nll_sum`, `tokens`, `applied`).
+            metrics: host numbers, of one update or of several (the trainer's `UpdateMeter`
+                reading, whose sums left non-finite losses out already): `loss_sum`,
+                `nll_sum`, `tokens`, `applied` (how many were applied).
         """
         if math.isfinite(metrics["loss_sum"]):
             self.window.add(metrics)
         if metrics["applied"]:
-            self.bar.update(1)
+            self.bar.update(int(metrics["applied"]))
 
     def train(self, state: TrainState, last: dict[str, float], lr: float) -> None:
         """Report the window and start the next: its mean losses and speed on the bar, in

@@ -55,19 +55,22 @@ class _LabelSmoothedCE(torch.autograd.Function):
 
 
 def label_smoothed_nll(
-    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed smoothed loss and summed NLL over the non-ignored targets.
 
-    logits (..., V), target (...): padding targets (`ignore_index`) contribute nothing.
+    logits (..., V), target (...): padding targets (`ignore_index`) contribute nothing;
+    dropping them reads the mask back to the host, so a caller whose targets hold no
+    padding (training: `batch_loss`) passes `ignore_index=None` and nothing is read.
     Computed in fp32 whatever the logits' dtype. Returns (loss_sum, nll_sum); nll_sum
     carries no gradient.
     """
     logits = logits.flatten(0, -2)  # (N, V)
     target = target.flatten()  # (N,)
-    keep = target != ignore_index
-    if not bool(keep.all()):
-        logits, target = logits[keep], target[keep]
+    if ignore_index is not None:
+        keep = target != ignore_index
+        if not bool(keep.all()):
+            logits, target = logits[keep], target[keep]
     return _LabelSmoothedCE.apply(logits, target, epsilon)
 
 
@@ -76,9 +79,11 @@ def batch_loss(net: torch.nn.Module, batch: Batch, label_smoothing: float, preci
     """Summed label-smoothed loss and NLL of a batch (teacher forcing), as training computes it.
 
     The model runs under `precision`'s autocast and projects onto the vocabulary only the
-    non-padding target positions; the loss is computed in fp32.
+    non-padding target positions, `batch.predict_index` (computed on the host by
+    `collate`): nothing in here reads the device. The loss is computed in fp32.
     """
-    real = batch.tgt_out_ids != batch.pad_id  # (B, T)
+    index = batch.predict_index  # (N,)
     with autocast(precision, device):
-        logits = net(batch.src_ids, batch.tgt_in_ids, real)  # (N, V)
-    return label_smoothed_nll(logits, batch.tgt_out_ids[real], label_smoothing, batch.pad_id)
+        logits = net(batch.src_ids, batch.tgt_in_ids, predict_index=index)  # (N, V)
+    target = batch.tgt_out_ids.flatten().index_select(0, index)  # (N,), no padding
+    return label_smoothed_nll(logits, target, label_smoothing, None)

@@ -38,27 +38,39 @@ def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
 
 
 class DivergenceGuard:
-    """Counts consecutive skipped updates; `check` raises TrainingDiverged past the limit."""
+    """Counts consecutive skipped updates (on the device, in the trainer's `UpdateMeter`);
+    `check` raises TrainingDiverged once a streak has reached the limit.
+
+    The count is kept where the updates run, so that no update waits for the host; the
+    host looks at it when it reads the meter (at the next log line, validation, save or
+    stop), and after a read that found a streak, at every update until an update is
+    applied again. So a run that diverges stops after between `limit` and about
+    `trainer.log_every` skipped updates, none of them applied.
+    """
 
     def __init__(self, limit: int, optim: OptimConfig, precision: str) -> None:
         self.limit, self.optim, self.precision = limit, optim, precision
-        self.in_a_row = 0
 
-    def check(self, step: int, metrics: dict[str, float], loss_scale: float | None) -> None:
-        """After an update: `step` is the number of updates applied, `metrics` the
-        trainer's (`applied`, `loss`, `grad_norm`), `loss_scale` fp16's scale."""
-        if metrics["applied"]:
-            self.in_a_row = 0
-            return
-        if self.precision == "fp16" and loss_scale is not None and loss_scale >= FP16_MIN_SCALE:
-            return  # the scaler is still finding its range
-        self.in_a_row += 1
-        if self.in_a_row >= self.limit:
-            loss, norm = metrics["loss"], metrics["grad_norm"]
+    def counts(self, applied: torch.Tensor, loss_scale: torch.Tensor | None) -> torch.Tensor:
+        """Whether an update counts toward divergence (a device bool): it was skipped and,
+        in fp16, the loss scale after it (`loss_scale`, a device tensor) is below
+        FP16_MIN_SCALE; above it, the scaler is still finding its range."""
+        skipped = ~applied
+        if self.precision == "fp16" and loss_scale is not None:
+            return skipped & (loss_scale < FP16_MIN_SCALE)
+        return skipped
+
+    def check(self, step: int, reading: dict[str, float]) -> None:
+        """After a read of the trainer's meter: `step` is the number of updates applied,
+        `reading` the meter's (`worst_streak`, the last skipped update's `bad_loss` and
+        `bad_grad_norm`)."""
+        in_a_row = int(reading["worst_streak"])
+        if in_a_row >= self.limit:
+            loss, norm = reading["bad_loss"], reading["bad_grad_norm"]
             what = (f"the loss is {loss}" if not math.isfinite(loss)
                     else f"the gradient norm is {norm}")
             raise TrainingDiverged(
-                f"training diverged after update {step}: {what} for {self.in_a_row} updates in a "
+                f"training diverged after update {step}: {what} for {in_a_row} updates in a "
                 f"row (trainer.diverge_after={self.limit}); {self.advice()}")
 
     def advice(self) -> str:
@@ -70,6 +82,14 @@ class DivergenceGuard:
         if self.precision == "fp16":
             tips.append("train in bf16 or fp32 (trainer.precision)")
         return ", ".join(tips[:-1]) + f" or {tips[-1]}"
+
+    def check_weights(self, model: torch.nn.Module, step: int) -> None:
+        """Weights that turned inf or NaN (an applied update with an infinite learning
+        rate) are neither validated nor saved: raise, the run stops as diverged (one read
+        per parameter, before a validation or save only)."""
+        bad = nonfinite_parameters(model)
+        if bad:
+            raise self.weights_diverged(step, bad)
 
     def weights_diverged(self, step: int, names: list[str]) -> TrainingDiverged:
         """The error for weights that turned inf or NaN after update `step`."""

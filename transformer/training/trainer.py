@@ -2,7 +2,15 @@
 
 What is not the loop lives beside it: the training state and checkpoints in `state.py`,
 SIGINT/SIGTERM in `signals.py`, the progress bar, log lines and TensorBoard in
-`logbook.py`, dev-set scoring in `validation.py`, the divergence guard in `nan_guard.py`.
+`logbook.py`, dev-set scoring in `validation.py`, the divergence guard in `nan_guard.py`,
+the optimizer update in `optimizer.py` (`Update`), the device-side metrics in `metrics.py`,
+the batches collated ahead in `prefetch.py`.
+
+The host never waits for the device inside an update (docs/performance.md, "The training
+loop"): batches are collated ahead by a thread and copied asynchronously; an update's
+metrics stay on the device (`UpdateMeter`) and the decision to skip a non-finite update
+is taken there (`Update`); the host counts each update as applied and settles the count
+(`settle`, one read) when it logs, validates, saves or stops.
 
 Shapes: B batch, S source length, T target length, V vocabulary.
 """
@@ -11,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -20,15 +27,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
-from transformer.data.batching import Batch, TokenBatchSampler, collate, token_lengths
+from transformer.data.batching import Batch, TokenBatchSampler, token_lengths
 from transformer.data.pipeline import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
-from transformer.training.distributed import DistInfo
+from transformer.training.distributed import DistInfo, any_rank, token_normaliser
 from transformer.training.logbook import Logbook
 from transformer.training.loss import batch_loss
-from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged, nonfinite_parameters
-from transformer.training.optimizer import build_optimizer, build_scheduler
+from transformer.training.metrics import UpdateMeter
+from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged
+from transformer.training.optimizer import Update, build_optimizer, build_scheduler, schedule_at
+from transformer.training.prefetch import Prefetcher, batch_stream
 from transformer.training.signals import StopSignal
 from transformer.training.state import Checkpoints, TrainState
 from transformer.training.validation import DevResult, Validator
@@ -57,11 +66,16 @@ class Trainer:
         self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer,
                                        self.scheduler, self.scaler, owned, dist_info.is_main)
         self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
+        self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
         self.sampler = TokenBatchSampler(
             *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
-            mixture=data.mixture(self.tc.seed),
+            mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
+        self.update = Update(model, self.optimizer, self.scaler, cfg.optim, device)
+        self.meter = UpdateMeter(device)
+        self.eager = False  # read after every update (a streak of skipped ones is under way)
+        self.last_reading: dict[str, float] = {"last_applied": 0.0, "grad_norm": 0.0}
         self.trim_heap = HeapTrimmer(self.tc.heap_slack_gb if device.type == "cpu" else None)
         self.validator = Validator(
             data.devs, data.tokenizer, cfg.decode, cfg.optim.label_smoothing, self.tc.precision,
@@ -89,15 +103,17 @@ class Trainer:
 
     def save(self, name: str, with_state: bool = True) -> Path | None:
         """Checkpoint `name` of the current weights (never inf/NaN ones); None off rank 0."""
-        self._check_weights()
+        self.settle()
+        self.guard.check_weights(self.model, self.state.step)
         return self.checkpoints.save(name, self.state, with_state)
 
     # ---- the loop -------------------------------------------------------------------
     def fit(self) -> TrainState:
         """Train until max_steps (or max_epochs, max_hours, early stopping, SIGINT/SIGTERM)."""
         tc, s = self.tc, self.state
-        stream = self._micro_batches()
+        stream = Prefetcher(self._micro_batches(), self.cfg.data.prefetch_batches, pin=self.device.type == "cuda")
         first_step = s.step
+        self.update.start(s.step)
         self.logbook.open(s.step, tc.max_steps, show_bar=tc.progress and self.dist.is_main)
         self.signals.install()
         early_stop = interrupted = False
@@ -111,33 +127,55 @@ class Trainer:
                 if tc.max_hours is not None and s.train_seconds >= tc.max_hours * 3600:
                     log.info("max_hours=%s reached at step %d", tc.max_hours, s.step)
                     break
-                metrics = self.train_step([b for _, _, b in micro])
+                self.train_step([b for _, _, b in micro])
                 s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
                 s.train_seconds += time.perf_counter() - t0
-                self.guard.check(s.step, metrics, self.scaler.get_scale() if self.scaler.is_enabled() else None)
-                self.logbook.add(metrics)
-                # A skipped update advances nothing here, but is counted, and the stop
-                # signal is still heeded: a run that only skips would never end otherwise.
-                if metrics["applied"]:
+                self.trim_heap()
+                if not self._due():
+                    continue  # the steady state: nothing read back, the host runs ahead
+                # a skipped update advances nothing, but the stop signal is still heeded
+                if self.settle()["last_applied"]:
                     if s.step % tc.log_every == 0:
-                        self.logbook.train(s, metrics, self.scheduler.get_last_lr()[0])
+                        self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0])
                     if s.step % tc.val_every == 0:
                         early_stop = self._validate_and_save()
                     elif tc.save_every and s.step % tc.save_every == 0:
                         self.save(f"step_{s.step}")
-                self.trim_heap()
-                early_stop, interrupted = self._agree(early_stop, self.stop_signal is not None)
+                early_stop, interrupted = any_rank((early_stop, self.stop_signal is not None), self.dist, self.device)
                 if early_stop or interrupted:
                     break
+            self.settle()
             self._finish(interrupted, first_step)
         except TrainingDiverged as e:
             newest = self.checkpoints.newest()
             kept = f"the last checkpoint, {newest}, is kept" if newest else "no checkpoint was written"
             raise TrainingDiverged(f"{e}; {kept}") from None
         finally:
+            stream.close()
             self.signals.restore()
             self.logbook.close()
         return s
+
+    def _due(self) -> bool:
+        """Whether to read the updates' metrics now: a log, validation or save may fall on
+        this step, the run may end, a signal (one process) or a streak of skips asks."""
+        s, tc = self.state, self.tc
+        grid = any(s.step % every == 0 for every in (tc.log_every, tc.val_every, tc.save_every) if every)
+        alone = self.dist.world_size == 1 and self.stop_signal is not None
+        return grid or alone or self.eager or s.step >= tc.max_steps or not self.update.on_device
+
+    def settle(self) -> dict[str, float]:
+        """Read the updates' metrics since the last read (one read; `UpdateMeter.settle`
+        takes skipped updates off `state.step`); the schedule's record and the log window
+        follow, the divergence guard looks at the streak. Returns the reading."""
+        if self.meter.pending == 0:
+            return self.last_reading
+        s, reading = self.state, self.meter.settle(self.state)
+        schedule_at(self.scheduler, s.step)
+        self.logbook.add(reading)
+        self.last_reading, self.eager = reading, reading["streak"] > 0
+        self.guard.check(s.step, reading)
+        return reading
 
     def _finish(self, interrupted: bool, first_step: int) -> None:
         """The checkpoint a run ends with: saved if interrupted, else validated and saved."""
@@ -156,7 +194,7 @@ class Trainer:
     def _validate_and_save(self) -> bool:
         """Validate (rank 0), keep `best` by the selection score, save `step_N`; True when
         early stopping's patience ran out."""
-        self._check_weights()
+        self.guard.check_weights(self.model, self.state.step)
         s, stop = self.state, False
         if self.dist.is_main:
             results = self.validate()
@@ -171,64 +209,36 @@ class Trainer:
         self.save(f"step_{s.step}")
         return stop
 
-    def _agree(self, early_stop: bool, interrupted: bool) -> tuple[bool, bool]:
-        """All ranks stop together: if any rank was signalled, or rank 0 stops early."""
-        if self.dist.world_size == 1:
-            return early_stop, interrupted
-        flags = torch.tensor([float(early_stop), float(interrupted)], device=self.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0]), bool(flags[1])
-
-    def _check_weights(self) -> None:
-        """Weights that turned inf or NaN (an applied update with an infinite learning
-        rate) are neither validated nor saved: the run stops as diverged."""
-        bad = nonfinite_parameters(self.model)
-        if bad:
-            raise self.guard.weights_diverged(self.state.step, bad)
-
     # ---- one update -----------------------------------------------------------------
     def _micro_batches(self):
         """Endless (epoch, index, Batch) stream of this rank's shard from the saved position."""
-        while True:
-            epoch = self.state.epoch
-            batches = self.sampler.batches(epoch)
-            for index in range(self.state.batch_index, len(batches)):
-                batch = collate(self.train_ids[batches[index]], self.tokenizer.pad_id, self.tokenizer.bos_id,
-                                self.tokenizer.eos_id)
-                yield epoch, index, batch
-            self.state.epoch, self.state.batch_index = epoch + 1, 0
+        return batch_stream(self.sampler, self.train_ids, self.tokenizer, self.state.epoch, self.state.batch_index,
+                            self.pad_to, self.model.cfg.vocab_size)
 
-    def train_step(self, batches: list[Batch]) -> dict[str, float]:
-        """One optimizer update over `batches` (gradient accumulation). Returns metrics:
-        summed loss and NLL, their means per target token, grad norm, tokens, applied."""
+    def train_step(self, batches: list[Batch]) -> dict:
+        """One optimizer update over `batches` (gradient accumulation), read nowhere: counted
+        as applied until `settle` reads whether it was. Returns its metrics: `loss_sum`,
+        `nll_sum`, `grad_norm`, `applied` (device tensors), `tokens` (an int, this rank's)."""
         self.net.train()
-        n_tokens = sum(b.n_tgt_tokens for b in batches)
-        loss_sum = nll_sum = 0.0
+        n_tokens = sum(b.n_tgt_tokens for b in batches)  # shapes: known on the host
+        norm = token_normaliser(n_tokens, self.dist, self.device)
+        loss_sum = nll_sum = 0
         for i, batch in enumerate(batches):
-            batch = batch.to(self.device)
+            batch = batch.to(self.device, non_blocking=True)
             sync = i == len(batches) - 1 or not isinstance(self.net, DistributedDataParallel)
             ctx = contextlib.nullcontext() if sync else self.net.no_sync()
             with ctx:
                 loss, nll = batch_loss(self.net, batch, self.cfg.optim.label_smoothing,
                                        self.tc.precision, self.device)
-                self.scaler.scale(loss / n_tokens).backward()
-            loss_sum += loss.item()
-            nll_sum += nll.item()
-        self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.optim.clip_norm if self.cfg.optim.clip_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        applied = math.isfinite(grad_norm)
-        if applied:
-            self.scaler.step(self.optimizer)
-            self.scheduler.step()
-            self.state.step += 1
-        else:  # an inf/NaN gradient: never applied, only counted
-            self.state.skipped_steps += 1
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_sum / max(n_tokens, 1), "nll": nll_sum / max(n_tokens, 1),
-                "loss_sum": loss_sum, "nll_sum": nll_sum,
-                "grad_norm": grad_norm, "tokens": n_tokens, "applied": float(applied)}
+                self.scaler.scale(loss / norm).backward()
+            loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll
+        grad_norm, applied = self.update()
+        self.state.step += 1  # as applied; `settle` takes a skipped one back
+        metrics = {"loss_sum": loss_sum, "nll_sum": nll_sum, "grad_norm": grad_norm,
+                   "applied": applied, "tokens": n_tokens}
+        scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
+        self.meter.add(metrics, self.guard.counts(applied, scale))
+        return metrics
 
     def validate(self) -> dict[str, DevResult]:
         """Every dev set's scores (rank 0 only)."""
