@@ -292,16 +292,17 @@ def write_dir(out: Output) -> Iterator[Path]:
 @contextlib.contextmanager
 def write_file(out: Output) -> Iterator[Path]:
     """Yield a temporary sibling path (same suffix) to write; when the block ends without
-    an error, put it in place of `out.path` and record it in the folder's marker."""
+    an error, record it in the folder's marker and put it in place of `out.path`."""
     tmp = _free_sibling(out.path, f".{out.path.stem}.tmp-{os.getpid()}", out.path.suffix)
     try:
         with writing(out.path, out.key):
             _make_parents(out)
             yield tmp
             check(out)
-            digest = _sha256(tmp)
+            # recorded before it is put in place: a marker that cannot be written (a full
+            # disk) leaves no output behind that the next run would take for a user's file
+            _record(out.path, {"command": out.command, "sha256": _sha256(tmp)})
             _swap(tmp, out)
-            _record(out.path, {"command": out.command, "sha256": digest})
     finally:
         tmp.unlink(missing_ok=True)
 
