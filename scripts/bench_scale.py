@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-import transformer  # noqa: F401  before torch: the OpenMP wait policy training runs under
+import transformer.commands  # noqa: F401  before torch: the OpenMP wait policy mt-train runs under
 from transformer.data.corpus import read_lines
 from transformer.device import describe_cpu
 from transformer.paths import PROJECT_ROOT

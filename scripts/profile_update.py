@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 # isort: off
-import transformer  # noqa: F401  before torch: the OpenMP wait policy training runs under
+import transformer.commands  # noqa: F401  before torch: the OpenMP wait policy mt-train runs under
 # isort: on
 import torch
 from hydra import compose, initialize_config_dir
