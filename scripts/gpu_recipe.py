@@ -310,7 +310,7 @@ def step_data(plan: Plan, work: Path, overrides: list[str]) -> dict:
 def step_train(plan: Plan, work: Path, overrides: list[str], seconds: float) -> dict:
     import re
 
-    from transformer.inspect.learning_curves import read_scalars
+    from transformer.inspection.learning_curves import read_scalars
 
     run_dir = work / "run"
     shutil.rmtree(run_dir, ignore_errors=True)  # the recipe's own work folder

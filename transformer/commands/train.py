@@ -65,13 +65,16 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(parent)))
     dist_info, device = setup_distributed(cfg.trainer.device)
     cli.setup_logging(is_main=dist_info.is_main)
-    # Rank 0 tidies the run directory (leftovers of a crash) before the others read it. If
-    # it refuses to start, torchrun stops the other workers.
-    if not dist_info.is_main:
-        dist.barrier()
-    run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, dist_info.is_main)
-    if dist_info.is_main and dist_info.world_size > 1:
-        dist.barrier()
+    # Rank 0 tidies the run directory (leftovers of a crash) and decides what the run
+    # continues from; the others take its decision (tidying removes evidence that decision
+    # reads, so they cannot make it again). If it refuses to start, torchrun stops them.
+    if dist_info.is_main:
+        run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, is_main=True)
+    if dist_info.world_size > 1:
+        decided = [[str(p) for p in run.resume_from], sorted(run.owned)] if dist_info.is_main else [None, None]
+        dist.broadcast_object_list(decided, src=0)
+        if not dist_info.is_main:
+            run = RunDir(Path(cfg.trainer.run_dir), [Path(p) for p in decided[0]], set(decided[1]))
     try:
         cli.setup_logging(log_file=run.path / "train.log", is_main=dist_info.is_main)
         if dist.is_initialized():

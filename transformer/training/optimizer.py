@@ -98,8 +98,12 @@ class Update:
         self.lr = torch.zeros((), dtype=lr_dtype, device=device)
         self.applied_host = 0  # the unfused path's count (it reads each update)
 
-    def start(self, applied: int) -> None:
-        """The count of updates applied so far (a new or resumed run's `TrainState.step`)."""
+    def start(self, applied: int, peak: float | None = None) -> None:
+        """The count of updates applied so far (a new or resumed run's `TrainState.step`),
+        and the peak lr (the schedule's `base_lrs`: a resumed run keeps its checkpoint's, as
+        LambdaLR's state restores it, whatever `optim.lr` says now)."""
+        if peak is not None:
+            self.peak = peak
         self.applied.fill_(applied)
         self.applied_host = applied
 

@@ -111,11 +111,11 @@ class Trainer:
     def fit(self) -> TrainState:
         """Train until max_steps (or max_epochs, max_hours, early stopping, SIGINT/SIGTERM)."""
         tc, s = self.tc, self.state
-        stream = Prefetcher(self._micro_batches(), self.cfg.data.prefetch_batches, pin=self.device.type == "cuda")
         first_step = s.step
-        self.update.start(s.step)
+        self.update.start(s.step, peak=self.scheduler.base_lrs[0])  # a resumed run's: its checkpoint's
         self.logbook.open(s.step, tc.max_steps, show_bar=tc.progress and self.dist.is_main)
         self.signals.install()
+        stream = Prefetcher(self._micro_batches(), self.cfg.data.prefetch_batches, pin=self.device.type == "cuda")
         early_stop = interrupted = False
         try:
             while s.step < tc.max_steps:
