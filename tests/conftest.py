@@ -33,3 +33,21 @@ def _shared_data_cache(tmp_path_factory):
     os.environ["MT_TEST_DATA_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
     yield
     del os.environ["MT_TEST_DATA_CACHE"]
+
+
+# A random tiny model with a SentencePiece vocabulary trained on data/sample, one per test
+# module (a module that needs another defines its own `checkpoint`, which takes precedence).
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random tiny model's checkpoint directory (max_positions 32)."""
+    from helpers import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", max_positions=32)
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoint):
+    """`checkpoint`'s (model, tokenizer)."""
+    from transformer.checkpoint import load_model
+
+    return load_model(checkpoint)

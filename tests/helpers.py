@@ -130,3 +130,8 @@ def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
     """Right-pad lists of ids into a (B, L) tensor."""
     width = max(len(s) for s in seqs)
     return torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])
+
+
+# Lines for the random tiny model (`checkpoint` in conftest.py): empty, blank, several words.
+LINES = ["Che ore sono?", "", "Ti chiamo stasera.", "   ", "Sì, certo!", "Ci vediamo martedì alle due."]
+FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never stops early

@@ -5,8 +5,6 @@ Moved verbatim from tests/commands/test_translate.py (#52)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,21 +14,7 @@ from transformer.config import DecodeConfig
 from transformer.decoding import text as decoding
 from transformer.model.transformer import build_model
 
-from helpers import tiny_checkpoint
-
-LINES = ["Che ore sono?", "", "Ti chiamo stasera.", "   ", "Sì, certo!", "Ci vediamo martedì alle due."]
-FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never stops early
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", max_positions=32)
-
-
-@pytest.fixture(scope="module")
-def loaded(checkpoint):
-    return load_model(checkpoint)
+from helpers import FAST, LINES
 
 
 def test_averaged_checkpoint_holds_the_mean_weights_and_translates(loaded, tmp_path, capsys):

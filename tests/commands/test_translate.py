@@ -8,7 +8,6 @@ import os
 import select
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,22 +18,9 @@ from transformer.data.corpus import read_lines
 from transformer.decoding import text as decoding
 from transformer.paths import PROJECT_ROOT
 
-from helpers import tiny_checkpoint
+from helpers import FAST, LINES
 
 ROOT = PROJECT_ROOT
-LINES = ["Che ore sono?", "", "Ti chiamo stasera.", "   ", "Sì, certo!", "Ci vediamo martedì alle due."]
-FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never stops early
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", max_positions=32)
-
-
-@pytest.fixture(scope="module")
-def loaded(checkpoint):
-    return load_model(checkpoint)
 
 
 def run_main(monkeypatch, *overrides: str) -> None:

@@ -12,30 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from transformer.checkpoint import load_model
 from transformer.commands import translate
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.data.corpus import normalize
 from transformer.data.sentences import fit, join_texts, segment, split_sentences
 from transformer.decoding import text as decoding
 
-from helpers import sample_tokenizer, tiny_checkpoint
+from helpers import FAST, sample_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from paragraphs import join_groups, paragraph_groups  # scripts/ is not a package
 
-FAST = dict(method="greedy", max_len_a=0.0, max_len_b=6)  # a random model never stops early
 THREE = ["Il gatto dorme sul divano.", "Domani piove?", "Ci vediamo martedì alle due!"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", max_positions=32)
-
-
-@pytest.fixture(scope="module")
-def loaded(checkpoint):
-    return load_model(checkpoint)
 
 
 @pytest.mark.parametrize("text", [

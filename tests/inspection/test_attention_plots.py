@@ -5,26 +5,9 @@ Moved verbatim from tests/commands/test_translate.py (#52)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 import torch
 
-from transformer.checkpoint import load_model
 from transformer.inspection.attention_plots import cross_attention, plot_alignment
-
-from helpers import tiny_checkpoint
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A random tiny model with a SentencePiece vocabulary trained on data/sample."""
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "best", max_positions=32)
-
-
-@pytest.fixture(scope="module")
-def loaded(checkpoint):
-    return load_model(checkpoint)
 
 
 def test_attention_picture_of_a_greedy_translation(loaded, tmp_path):
