@@ -2,7 +2,9 @@
 
 `precision: auto` picks bf16 on CPUs with native bf16 (AMX, AVX512-BF16) and fp32 on the
 others. The suite runs as on the latter everywhere, so that its results do not depend on
-the machine; tests/test_device.py covers both kinds by mocking the capability.
+the machine: `MT_CPU_BF16=0` in the environment, which the processes that tests start
+inherit (a mock would reach this process only). tests/test_device.py covers both kinds by
+mocking the capability, and checks a subprocess against the real detection.
 """
 
 import os
@@ -21,9 +23,9 @@ def _one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(autouse=True)
-def _cpu_without_native_bf16(monkeypatch):
-    monkeypatch.setattr(device, "cpu_bf16_support", lambda: (False, "mocked by the test suite"))
+# In the environment, not a mock: every process a test starts (torchrun workers, the
+# commands, sweeps) inherits it and resolves `precision: auto` as this process does.
+os.environ[device.CPU_BF16_ENV] = "0"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -66,10 +66,44 @@ def test_fp16_needs_cuda_and_unknown_precisions_are_refused(cpu_with_bf16):
 
 
 def test_the_real_cpu_is_described(monkeypatch):
-    monkeypatch.undo()  # the suite mocks the capability (conftest): ask this machine's CPU
+    monkeypatch.delenv(device.CPU_BF16_ENV)  # the suite pins the capability (conftest): ask the CPU
     native, features = device.cpu_bf16_support()
     assert isinstance(native, bool) and features
     assert ("no native bf16" in describe_cpu()) != native
+
+
+AUTO_IN_A_CHILD = ("import torch; from transformer import device; "
+                   "print(device.cpu_bf16_support()[0], device.resolve_precision('auto', torch.device('cpu'))[0])")
+
+
+def _child(env: dict[str, str]) -> str:
+    proc = subprocess.run([sys.executable, "-c", AUTO_IN_A_CHILD], env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+def test_a_process_a_test_starts_resolves_auto_as_the_suite_does():
+    """The torchrun workers, commands and sweeps the tests start inherit the pin: on a CPU
+    with native bf16 they trained in bf16 while the in-process reference ran fp32 (the DDP
+    test failed on a Zen 4 only). The child names the pin on every CPU kind."""
+    assert os.environ[device.CPU_BF16_ENV] == "0"
+    assert resolve_precision("auto", CPU)[0] == "fp32"
+    assert _child(dict(os.environ)) == "False fp32"
+
+
+def test_unpinned_a_child_detects_the_cpu_as_this_process_does(monkeypatch):
+    """The real detection, in a subprocess and here: the same answer on any CPU kind."""
+    monkeypatch.delenv(device.CPU_BF16_ENV)
+    native = device.cpu_bf16_support()[0]
+    env = {k: v for k, v in os.environ.items() if k != device.CPU_BF16_ENV}
+    assert _child(env) == f"{native} {'bf16' if native else 'fp32'}"
+
+
+def test_a_pin_other_than_0_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(device.CPU_BF16_ENV, "yes")
+    with pytest.raises(ValueError, match=r"MT_CPU_BF16='yes': set it to 0"):
+        resolve_precision("auto", CPU)
 
 
 def test_autocast_takes_only_resolved_precisions():

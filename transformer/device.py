@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import platform
 import sys
 from pathlib import Path
@@ -156,14 +157,26 @@ def _cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+# Set to 0, the CPU counts as one without native bf16, so `precision=auto` is fp32 on every
+# CPU kind: the test suite sets it, and every process it starts inherits it.
+CPU_BF16_ENV = "MT_CPU_BF16"
+
+
 def cpu_bf16_support() -> tuple[bool, str]:
     """(whether this CPU computes bf16 natively, the features that decide it).
 
     Native: AMX or AVX512-BF16 on x86 (Intel Sapphire Rapids and later, AMD Zen 4 and
     later), the BF16 extension on Arm. Without them torch's CPU autocast emulates bf16,
-    which is not faster than fp32 but far slower: ~32x per training step of the small
-    model on an AVX2-only AMD EPYC (Zen 3), measured (docs/training.md, "Mixed precision").
+    which is not faster than fp32 but far slower (docs/training.md, "Mixed precision").
+    `MT_CPU_BF16=0` in the environment answers "not native" on any CPU, so that `auto`
+    means fp32 everywhere (reproducible runs across CPU kinds; the test suite sets it).
     """
+    pinned = os.environ.get(CPU_BF16_ENV)
+    if pinned is not None:
+        if pinned.strip() != "0":
+            raise ConfigError(f"{CPU_BF16_ENV}={pinned!r}: set it to 0 (treat this CPU as one "
+                              f"without native bf16) or unset it")
+        return False, f"{CPU_BF16_ENV}=0 treats the CPU as without native bf16"
     flags = _cpu_flags()
     try:
         amx = bool(torch.cpu._is_amx_tile_supported()) or "amx_bf16" in flags
