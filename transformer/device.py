@@ -47,7 +47,7 @@ def keep_large_blocks_in_the_heap() -> bool:
     (tokens, vocabulary) tensor of a CPU training step (4k tokens x 8k pieces x 4 bytes =
     131 MB) page-faults its memory in again: on this project's 2-core machine that made
     `log_softmax` on such a tensor 2.5x slower than the arithmetic alone, and a bf16 training
-    step about 7% slower (scripts/bench_train.py). The price is that the process keeps what
+    step about 7% slower (scripts/bench/bench_train.py). The price is that the process keeps what
     it freed: training pairs this with a `HeapTrimmer`. Used on CPU only, after the data is
     prepared; returns whether it applied (glibc's `mallopt`).
 

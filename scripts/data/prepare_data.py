@@ -1,4 +1,4 @@
-"""Prepare a corpus ahead of training (same as `mt-prepare`): python scripts/prepare_data.py data=sample"""
+"""Prepare a corpus ahead of training (same as `mt-prepare`): python scripts/data/prepare_data.py data=sample"""
 
 from transformer.commands.prepare import main
 

@@ -20,7 +20,7 @@ Steps (GPU sizes; `--cpu` runs the same code on data/sample and the tiny model):
   device  name, memory, versions, bf16 support, measured matmul peaks (bf16, fp16, TF32, fp32)
   data    mt-prepare of the corpus the later steps share (SentencePiece, encoded cache)
   tests   pytest -m gpu: counts and each failure's first line
-  bench   scripts/bench_train.py, base and big models in bf16 against nn.Transformer:
+  bench   scripts/bench/bench_train.py, base and big models in bf16 against nn.Transformer:
           target tokens/s, the ratio, MFU against the measured peak; base also
           torch.compile'd (`compile` true and false rows; compiles, graph breaks)
   train   the base model on Tatoeba for TRAIN_SECONDS: losses at fixed updates, tokens/s,
@@ -51,7 +51,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("device", "data", "tests", "bench", "train", "ddp", "decode")
 LOSS_RTOL = 0.03  # a loss of the first updates in bf16/fp16 against fp32: relative difference
 BLEU_ATOL = 0.2  # decoding on the GPU against the CPU, BLEU points on the same sentences
@@ -63,7 +63,7 @@ class Plan:
 
     device: str
     data: list[str]  # mt-train overrides choosing the corpus (the work dir's cache is added)
-    bench_data: list[str]  # scripts/bench_train.py --data and --set
+    bench_data: list[str]  # scripts/bench/bench_train.py --data and --set
     test_file: str  # the decode step's source; its reference is the same name with .en
     matmul_n: int
     bench_models: list[str]
@@ -301,7 +301,7 @@ def step_device(plan: Plan, work: Path, r: dict) -> dict:
 
     from transformer.device import describe_cpu
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
     from bench_train import matmul_tflops
 
     device = torch.device(plan.device)
@@ -380,7 +380,7 @@ def step_bench(plan: Plan, work: Path, r: dict) -> dict:
         out = work / f"bench_{model}_{compiled}.json"
         left = plan.limits["bench"] - (time.monotonic() - t0) - 5
         try:
-            sh([sys.executable, "scripts/bench_train.py", "--model", model, *plan.bench_data,
+            sh([sys.executable, "scripts/bench/bench_train.py", "--model", model, *plan.bench_data,
                 f"cache_dir={work / 'cache'}", "--precisions", *plan.bench_precisions, "--compile", compiled,
                 "--peak-tflops", "measure", "--matmul-n", str(plan.matmul_n), "--max-tokens",
                 str(plan.bench_max_tokens), "--steps", str(plan.bench_steps), "--rounds", "3",

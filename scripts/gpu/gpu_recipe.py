@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("data", "train", "average", "evaluate", "export")
 EXPERIMENT = "experiment=europarl_tatoeba_gpu"
 TEST_SETS = ("tatoeba-test", "europarl-test", "flores200-devtest")

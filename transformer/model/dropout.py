@@ -2,7 +2,7 @@
 
 PyTorch's CPU dropout draws one Mersenne-Twister number per element, which made dropout
 about 30% of a bf16 training step of the small model on a 2-core CPU (profiled in
-scripts/bench_train.py's setting). Here one 64-bit word serves four elements: each 16-bit
+scripts/bench/bench_train.py's setting). Here one 64-bit word serves four elements: each 16-bit
 lane is a uniform integer in [-32768, 32767], kept when it is at least
 -32768 + round(p * 65536). So p is applied with a resolution of 1/65536, and the kept
 elements are scaled by 1 / (1 - p) as usual. The words come from numpy's SFC64 generator

@@ -11,7 +11,7 @@ where x are the logits and lse = logsumexp(x). Its gradient is softmax(x) - eps 
 - (1 - eps) * onehot(gold). `label_smoothed_nll` computes both in one autograd function,
 in fp32 (or fp64) whatever the logits' dtype, keeping only the logits for the backward
 pass: the output layer and this loss are the largest cost of a training step at an 8k
-vocabulary (profiled in scripts/bench_train.py). Each pass over the (N, V) logits is one
+vocabulary (profiled in scripts/bench/bench_train.py). Each pass over the (N, V) logits is one
 of PyTorch's fused softmax kernels, which read bf16 and accumulate in fp32 themselves:
 forward a log_softmax (the sums, the gold token and the mean come from it), backward a
 softmax, a subtraction and the multiplication by the incoming gradient written straight

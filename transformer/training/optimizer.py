@@ -37,7 +37,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
 
     Fused, one kernel updates every parameter (CUDA, and CPU since torch 2.4); unfused,
     PyTorch's CPU default is a loop of about ten small ops per parameter tensor, 5% of a
-    small model's bf16 step on a 2-core CPU (scripts/bench_train.py's profile).
+    small model's bf16 step on a 2-core CPU (scripts/bench/bench_train.py's profile).
     """
     return torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
