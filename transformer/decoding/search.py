@@ -59,12 +59,12 @@ SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
 # on a slow path: once a model is confident most of its (N, V) log-probabilities are that
-# small, and a loss built on torch.logsumexp ran 6x slower (2.1 s instead of 0.36 s on
-# 4k x 8k logits). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps every
-# exp in normal floats. The loss (training/loss.py) runs on PyTorch's vectorised
-# log_softmax/softmax instead, which do not fall that far: on logits spread as a confident
-# model's, its forward + backward took 51-56 ms against 37 ms on an untrained model's
-# (3,700 x 8k, bf16), never more than the clamped version's 55.
+# small, and a loss built on torch.logsumexp slows down as the model learns (docs/performance.md,
+# "Earlier measurements"). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps
+# every exp in normal floats. The loss (training/loss.py) runs on PyTorch's vectorised
+# log_softmax/softmax instead, which do not fall that far: on a confident model's logits
+# they take about as long as on an untrained model's (docs/results.md, "Figures behind the
+# code's choices").
 _MIN_EXP = -60.0
 
 
