@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 TABLE = textwrap.dedent('''
-    import signal, sys, time
+    import signal, subprocess, sys, time
     from dataclasses import dataclass, field
     from pathlib import Path
 
@@ -47,8 +47,13 @@ TABLE = textwrap.dedent('''
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(60)
 
+    def leaves(plan, work, r):  # passes, but leaves a process running
+        Path(work, "leaves.pid").write_text(str(subprocess.Popen(["sleep", "60"]).pid))
+        return r
+
     HARNESS = Harness("toy", Path(__file__).resolve(),
-                      {{"ok": ok, "wrong": wrong, "absent": absent, "polite": polite, "stubborn": stubborn}}, Plan)
+                      {{"ok": ok, "wrong": wrong, "absent": absent, "polite": polite, "stubborn": stubborn,
+                       "leaves": leaves}}, Plan)
 
     if __name__ == "__main__":
         import argparse, json
@@ -61,7 +66,7 @@ TABLE = textwrap.dedent('''
         steps = HARNESS.chosen_steps(args.steps)
         if steps is None:
             sys.exit(2)
-        plan = Plan(limits={{s: 10 if s in ("ok", "wrong", "absent") else 5 for s in HARNESS.steps}},
+        plan = Plan(limits={{s: 10 if s in ("ok", "wrong", "absent", "leaves") else 5 for s in HARNESS.steps}},
                     deadline=args.deadline)
         sys.exit(HARNESS.run(plan, steps, Path(args.out), Path(args.out) / "work", {{"mode": "toy"}}))
 ''')
@@ -123,4 +128,13 @@ def test_a_step_the_deadline_leaves_no_time_is_not_run(tmp_path):
 def test_an_unknown_step_is_one_line_and_no_json(tmp_path):
     proc, report = run_toy(tmp_path, "--steps", "ok,warp")
     assert proc.returncode == 2 and report == {}
-    assert proc.stderr.strip() == "toy: --steps: unknown step 'warp'; choose from ok, wrong, absent, polite, stubborn"
+    assert proc.stderr.strip() == "toy: --steps: unknown step 'warp'; choose from ok, wrong, absent, polite, stubborn, leaves"
+
+
+def test_what_a_step_leaves_running_is_stopped_before_the_next_step(tmp_path):
+    _, report = run_toy(tmp_path, "--steps", "leaves,ok")
+    assert report["steps"]["leaves"]["status"] == "passed" and report["passed"] is True
+    pid = int((tmp_path / "out" / "work" / "leaves.pid").read_text())
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # gone, or a zombie
+    assert report["steps"]["leaves"]["seconds"] < 10  # SIGTERM ended it: no wait for its 60 s

@@ -178,12 +178,25 @@ def stop_group(proc: subprocess.Popen, grace: float) -> None:
 
 
 def group_alive(proc: subprocess.Popen) -> bool:
-    proc.poll()  # reaps the leader once it has exited, so a zombie does not count
+    """Whether a process of `proc`'s group still runs. Zombies do not count: the leader is
+    reaped here, and an orphan waits for a PID 1 that may never reap it."""
+    proc.poll()
     try:
         os.killpg(proc.pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    proc_fs = Path("/proc")
+    if not proc_fs.is_dir():
+        return True
+    for stat in proc_fs.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        state, _, pgrp = text[text.rindex(")") + 2:].split()[:3]  # after "pid (name) "
+        if int(pgrp) == proc.pid and state != "Z":
+            return True
+    return False
 
 
 def last_line(text: str) -> str:
