@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (scripts/gpu_check.py has the steps; docs/training.md,
+# The GPU check in one command (scripts/gpu/gpu_check.py has the steps; docs/training.md,
 # "Checking a GPU", what each figure means).
 #
 #   scripts/gpu_check.sh --pack             # here, once, before a GPU is at hand: fills .gpu/
@@ -20,13 +20,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-source scripts/gpu_wheels.sh   # download_wheels, install_wheels
+source scripts/gpu/gpu_wheels.sh   # download_wheels, install_wheels
 
 pack() {
     local shared=../shared/data wheels=.gpu/wheels data=.gpu/data
     [ -d "$shared/tatoeba" ] || { echo "gpu_check.sh --pack: $shared/tatoeba not found" >&2; exit 2; }
     mkdir -p "$data/tatoeba" "$data/eval"
-    download_wheels "$wheels"   # scripts/gpu_wheels.sh
+    download_wheels "$wheels"   # scripts/gpu/gpu_wheels.sh
     gzip -c "$shared/tatoeba/train.it" > "$data/tatoeba/train.it.gz"
     gzip -c "$shared/tatoeba/train.en" > "$data/tatoeba/train.en.gz"
     install -m 644 "$shared"/tatoeba/dev.{it,en} "$data/tatoeba/"
@@ -37,11 +37,11 @@ pack() {
 
 case "${1:-}" in
     --pack) pack ;;
-    --cpu) export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; exec "$PYTHON" scripts/gpu_check.py "$@" ;;
+    --cpu) export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; exec "$PYTHON" scripts/gpu/gpu_check.py "$@" ;;
     *)  if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
             echo "gpu_check: no CUDA device here; run it on a GPU machine, or with --cpu" >&2; exit 2
         fi
         install_wheels .gpu/wheels /tmp/gpu_check_site
         export PYTHONUNBUFFERED=1
-        exec "$PYTHON" scripts/gpu_check.py "$@" ;;
+        exec "$PYTHON" scripts/gpu/gpu_check.py "$@" ;;
 esac

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU recipe in one call: experiment=europarl_tatoeba_gpu trained for six minutes,
-# averaged and evaluated on the three test sets (scripts/gpu_recipe.py has the steps;
+# averaged and evaluated on the three test sets (scripts/gpu/gpu_recipe.py has the steps;
 # docs/training.md, "The GPU recipe in one call").
 #
 #   scripts/gpu_recipe.sh --pack              # here, once, before a GPU is at hand: fills .gpu/recipe/
@@ -13,7 +13,7 @@
 # the work tree: at most 64 MiB beyond the repository. Europarl's gzip files alone are 65 MB,
 # so --pack writes into the git-ignored .gpu/recipe/ 47.3 MB (45.1 MiB; measured 2026-11-27,
 # printed at the end), beside a work tree of 3.8 MB:
-#   wheels/   1.5 MB: what that image lacks (scripts/gpu_wheels.sh) without ctranslate2, whose
+#   wheels/   1.5 MB: what that image lacks (scripts/gpu/gpu_wheels.sh) without ctranslate2, whose
 #             43 MB wheel does not fit beside the corpus; installed into /tmp at start
 #   data/europarl/train.{it,en}.xz (41.5 MB), data/tatoeba/train.{it,en}.xz (2.5 MB)
 #             the shared training text recompressed with xz -9 (the pipeline reads .xz as it
@@ -32,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-source scripts/gpu_wheels.sh   # download_wheels, install_wheels
+source scripts/gpu/gpu_wheels.sh   # download_wheels, install_wheels
 
 squeeze() {   # SRC (text, or .gz) -> DEST.xz, unless DEST is newer than SRC
     local src=$1 dest=$2
@@ -48,7 +48,7 @@ pack() {
     mkdir -p "$data/europarl" "$data/tatoeba" "$data/eval"
     download_wheels "$dest/wheels" --no-ct2
     download_wheels .gpu/recipe_ct2 --only-ct2
-    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/gpu_recipe.py --vocab "$data/spm.model"
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/gpu/gpu_recipe.py --vocab "$data/spm.model"
     local lang   # xz -9, four processes: minutes; a file packed before from the same source is kept
     for lang in it en; do
         squeeze "$shared/europarl/train.$lang.gz" "$data/europarl/train.$lang.xz" &
@@ -65,7 +65,7 @@ pack() {
 
 case "${1:-}" in
     --pack) pack ;;
-    --cpu) export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; exec "$PYTHON" scripts/gpu_recipe.py "$@" ;;
+    --cpu) export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; exec "$PYTHON" scripts/gpu/gpu_recipe.py "$@" ;;
     *)  if ! "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
             echo "gpu_recipe: no CUDA device here; run it on a GPU machine, or with --cpu" >&2; exit 2
         fi
@@ -75,5 +75,5 @@ case "${1:-}" in
                 --target /tmp/gpu_recipe_site .gpu/recipe_ct2/*.whl
         fi
         export PYTHONUNBUFFERED=1
-        exec "$PYTHON" scripts/gpu_recipe.py "$@" ;;
+        exec "$PYTHON" scripts/gpu/gpu_recipe.py "$@" ;;
 esac

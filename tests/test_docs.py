@@ -170,7 +170,7 @@ def test_every_page_is_in_the_sites_navigation():
 CITED_SECTION = re.compile(r'(?<![\w/.-])(README(?:\.md)?|(?:[\w-]+/)*[\w-]+\.md)(?:,\s*|\s+)"([^"\n]+)"')
 # `docs/results.md#on-a-gpu`, `](training.md#checking-a-gpu-scriptsgpu_checksh)`: a heading's anchor
 CITED_ANCHOR = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.md)#([\w-]+)")
-CITING = sorted({*PAGES, *(PROJECT_ROOT / "transformer").rglob("*.py"), *(PROJECT_ROOT / "scripts").glob("*.*"),
+CITING = sorted({*PAGES, *(PROJECT_ROOT / "transformer").rglob("*.py"), *(PROJECT_ROOT / "scripts").rglob("*.*"),
                  *(PROJECT_ROOT / "tests").rglob("*.py"), *CONFIG_DIR.rglob("*.yaml")}
                 - {Path(__file__).resolve()})
 

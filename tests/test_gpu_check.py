@@ -66,10 +66,10 @@ def test_every_module_level_import_of_the_package_reaches_the_gpu_machine():
     import ast
     import sys
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
     from gpu_check import IMAGE_MODULES, PACKED_MODULES
 
-    pack = (ROOT / "scripts" / "gpu_wheels.sh").read_text()  # the wheels both GPU scripts carry
+    pack = (ROOT / "scripts" / "gpu" / "gpu_wheels.sh").read_text()  # the wheels both GPU scripts carry
     for module in PACKED_MODULES - {"antlr4"}:  # antlr4 is built as a wheel, named otherwise
         assert module.replace("_", "-").split(".")[0] in pack.replace("_", "-"), module
     stdlib = set(sys.stdlib_module_names)
@@ -82,4 +82,4 @@ def test_every_module_level_import_of_the_package_reaches_the_gpu_machine():
                 top = name.split(".")[0]
                 if top not in stdlib and top != "transformer" and top not in IMAGE_MODULES | PACKED_MODULES:
                     missing.setdefault(top, path.name)
-    assert not missing, f"not on the GPU image nor in scripts/gpu_wheels.sh: {missing}"
+    assert not missing, f"not on the GPU image nor in scripts/gpu/gpu_wheels.sh: {missing}"

@@ -91,5 +91,5 @@ def test_the_package_imports_ctranslate2_only_where_it_exports():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             found += [path.name for name in names if name.split(".")[0] == "ctranslate2"]
     assert not found
-    wheels = (ROOT / "scripts" / "gpu_wheels.sh").read_text()
+    wheels = (ROOT / "scripts" / "gpu" / "gpu_wheels.sh").read_text()
     assert "--no-ct2) ct2= ;;" in wheels and "--no-ct2" in SCRIPT.read_text()

@@ -1,6 +1,6 @@
 """The package's layout as properties (issue #44): the layers of docs/architecture.md hold.
 
-The graph is read from the code by scripts/import_graph.py (an import inside a function
+The graph is read from the code by scripts/plots/import_graph.py (an import inside a function
 counts; one under `if TYPE_CHECKING:` does not), so these tests check what the modules
 import, not what a page says they do. The rank of each subpackage and shared module is
 its LAYERS table.
@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "transformer"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "plots"))
 import import_graph  # noqa: E402  (scripts/ is not a package)
 from import_graph import (  # noqa: E402
     LAYERS,
@@ -143,7 +143,7 @@ def test_no_class_is_longer_than_200_lines():
 
 
 def test_the_import_graph_script_exits_zero_on_this_tree():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_graph.py")],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "plots" / "import_graph.py")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "module cycles 0, subpackage cycles 0" in proc.stdout
@@ -176,10 +176,10 @@ def test_group_is_the_subpackage_or_the_shared_module():
 
 
 def test_the_architecture_picture_is_drawn_from_the_graph(tmp_path):
-    """scripts/plot_architecture.py draws docs/architecture.png from this graph: it runs,
+    """scripts/plots/plot_architecture.py draws docs/architecture.png from this graph: it runs,
     and the picture the manual shows is there."""
     out = tmp_path / "architecture.png"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_architecture.py"), "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "plots" / "plot_architecture.py"), "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -198,9 +198,9 @@ def test_the_architecture_pages_figures_are_the_graphs():
 
 
 def test_the_dataflow_picture_names_only_modules_that_are_there(tmp_path):
-    """scripts/plot_dataflow.py draws docs/dataflow.png, a sentence pair's way through the
+    """scripts/plots/plot_dataflow.py draws docs/dataflow.png, a sentence pair's way through the
     modules; a step naming a module that moved stops it in one line."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "plots"))
     import plot_dataflow
 
     plot_dataflow.check_modules(ROOT)  # every step's module is in the package and a layer

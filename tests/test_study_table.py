@@ -1,4 +1,4 @@
-"""scripts/study_table.py: a study's trials as a table, best first, from their run directories."""
+"""scripts/studies/study_table.py: a study's trials as a table, best first, from their run directories."""
 
 import importlib.util
 import json
@@ -10,7 +10,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from helpers import compose_cfg
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "study_table.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "studies" / "study_table.py"
 
 
 def _load():

@@ -96,8 +96,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ModelConfig:
-        """A ModelConfig from a checkpoint's model.json, also one written before a key was
-        renamed (`max_len` is now `max_positions`)."""
+        """A ModelConfig from a checkpoint's model.json, also one that names a key by its
+        old name (`max_len` for `max_positions`)."""
         saved = dict(saved)
         if "max_len" in saved and "max_positions" not in saved:
             saved["max_positions"] = saved.pop("max_len")
@@ -322,7 +322,7 @@ class DecodeConfig:
     max_len_b: int = 10  # b of that limit
     min_len: int = 1  # EOS is forbidden before this many tokens
     # source tokens per decoding batch (a beam batch holds beam_size times more rows);
-    # null: 2000 on CPU; on CUDA 8000, up to 65536 as the free memory allows
+    # null: 2000 on CPU; on CUDA 8000, doubled up to 64000 as the free memory allows
     max_tokens: int | None = None
     # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
     # fp32 | fp32 | bf16 | fp16 (CUDA only)

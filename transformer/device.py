@@ -45,9 +45,9 @@ def keep_large_blocks_in_the_heap() -> bool:
 
     By default glibc maps every block over 32 MiB afresh and unmaps it when freed, so each
     (tokens, vocabulary) tensor of a CPU training step (4k tokens x 8k pieces x 4 bytes =
-    131 MB) page-faults its memory in again: on this project's 2-core machine that made
-    `log_softmax` on such a tensor 2.5x slower than the arithmetic alone, and a bf16 training
-    step about 7% slower (scripts/bench_train.py). The price is that the process keeps what
+    131 MB) page-faults its memory in again, which slows `log_softmax` on such a tensor and
+    the training step on a CPU (docs/performance.md, "Earlier measurements", has both timed).
+    The price is that the process keeps what
     it freed: training pairs this with a `HeapTrimmer`. Used on CPU only, after the data is
     prepared; returns whether it applied (glibc's `mallopt`).
 
@@ -205,8 +205,7 @@ def describe_cpu() -> str:
     return f"{_cpu_model_name()}, {features} ({'native' if native else 'no native'} bf16)"
 
 
-# Measured on this project's AVX2-only AMD EPYC (Zen 3) machines: a tatoeba_cpu training
-# step took 65 s under bf16 autocast against 2.0 s in fp32.
+# The message's figures and their machine: docs/training.md, "Mixed precision".
 _EMULATED_BF16_COST = "about 30x slower than fp32 (65 s against 2.0 s per update of the " \
                       "tatoeba_cpu recipe on an AVX2-only AMD EPYC)"
 

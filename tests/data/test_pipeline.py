@@ -515,7 +515,7 @@ def test_data_configs_compose_and_validate(name) -> None:
 
 
 def test_prepare_command_prints_statistics(tmp_path) -> None:
-    cmd = [sys.executable, str(PROJECT_ROOT / "scripts" / "prepare_data.py"), "data=sample"]
+    cmd = [sys.executable, str(PROJECT_ROOT / "scripts" / "data" / "prepare_data.py"), "data=sample"]
     cmd.append(f"data.cache_dir={tmp_path / 'cache'}")
     env = {"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

@@ -20,7 +20,7 @@ from transformer.decoding import text as decoding
 
 from helpers import FAST, sample_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "studies"))
 from paragraphs import join_groups, paragraph_groups  # scripts/ is not a package
 
 THREE = ["Il gatto dorme sul divano.", "Domani piove?", "Ci vediamo martedì alle due!"]

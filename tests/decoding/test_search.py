@@ -344,7 +344,7 @@ def reference():
 
 @pytest.mark.parametrize("name", ["greedy", "beam5", "greedy_min_len", "beam5_min_len",
                                   "beam5_max_len"])
-def test_search_finds_what_the_search_before_50_found(reference, name):
+def test_search_finds_the_reference_fixtures_hypotheses_and_scores(reference, name):
     """The outputs of the search at ccc58ba (per-sentence bookkeeping in Python) on the
     fixture checkpoint: natural endings, min_len and max_len, n-best lists of 5."""
     ref, model, src_ids = reference

@@ -1,9 +1,9 @@
-"""scripts/serve_libretranslate.sh: a trained model served by LibreTranslate, offline.
+"""scripts/serving/serve_libretranslate.sh: a trained model served by LibreTranslate, offline.
 
 A tiny model is trained here (the debug preset on the sample corpus), packed with
 `mt-export format=argos`, and served on a free port of 127.0.0.1 from LibreTranslate's own
 venv (built by the script if missing; CI builds it first with
-`scripts/serve_libretranslate.sh --setup`). What comes back through `libretranslatepy` is
+`scripts/serving/serve_libretranslate.sh --setup`). What comes back through `libretranslatepy` is
 compared with CTranslate2 run directly on our own export (the same weights), with what
 Argos and LibreTranslate do around it spelled out in `expected`: spaCy's sentence split,
 beam 4 and length penalty 0.2, "_" as a space, and LibreTranslate's final touch to
@@ -51,7 +51,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 spacy = pytest.importorskip("spacy")
 libretranslatepy = pytest.importorskip("libretranslatepy")
 
-SCRIPT = PROJECT_ROOT / "scripts" / "serve_libretranslate.sh"
+SCRIPT = PROJECT_ROOT / "scripts" / "serving" / "serve_libretranslate.sh"
 BOOT_SECONDS = 600  # includes building LibreTranslate's venv when it is missing
 REQUEST_SECONDS = 60
 CHAR_LIMIT = 5000
@@ -244,7 +244,7 @@ def test_bad_requests_get_a_4xx_that_says_why_and_the_server_lives_on(server):
         "a JSON list": post(server, b'["Ciao", "it", "en"]'),
         "no target": post(server, json.dumps({"q": "Ciao", "source": "it"}).encode()),
         "unknown language": post(server, json.dumps({"q": "Ciao", "source": "xx", "target": "en"}).encode()),
-        # LibreTranslate alone answers these two with 500 (scripts/libretranslate_guard.py)
+        # LibreTranslate alone answers these two with 500 (scripts/serving/libretranslate_guard.py)
         "q a number": post(server, json.dumps({"q": 123, "source": "it", "target": "en"}).encode()),
         "alternatives not a number": post(server, json.dumps(
             {"q": "Ciao", "source": "it", "target": "en", "alternatives": "x"}).encode()),

@@ -247,7 +247,7 @@ def test_the_script_refuses_a_serve_home_holding_the_users_files(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    script = PROJECT_ROOT / "scripts" / "serve_libretranslate.sh"
+    script = PROJECT_ROOT / "scripts" / "serving" / "serve_libretranslate.sh"
     proc = subprocess.run([str(script), str(tmp_path), str(port)], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "MT_SERVE_HOME": str(home)})
     assert proc.returncode == 1

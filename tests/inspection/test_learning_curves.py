@@ -89,7 +89,7 @@ def test_a_chain_of_runs_is_one_line_each_stage_continuing_the_last(tmp_path):
 
 
 def test_test_set_scores_plot_from_evaluate_reports(tmp_path):
-    """scripts/plot_scores.py: one point per mt-evaluate folder, one line per test set."""
+    """scripts/plots/plot_scores.py: one point per mt-evaluate folder, one line per test set."""
     import json
     import subprocess
     import sys
@@ -102,7 +102,7 @@ def test_test_set_scores_plot_from_evaluate_reports(tmp_path):
             report = {"test_set": name, "scores": {"BLEU": bleu + len(name), "chrF2": 30.0}}
             (folder / f"{name}.beam.json").write_text(json.dumps(report))
         folders.append(str(folder))
-    script = PROJECT_ROOT / "scripts" / "plot_scores.py"
+    script = PROJECT_ROOT / "scripts" / "plots" / "plot_scores.py"
     out = tmp_path / "scores.png"
     proc = subprocess.run([sys.executable, str(script), *folders, "--x", "0", "250", "-o", str(out)],
                           capture_output=True, text=True, timeout=120)

@@ -1,7 +1,7 @@
 """The training log: a window averages over the tokens of its updates (not over updates) and
 times itself; a skipped update's finite loss counts but does not move the bar; the log line
 and TensorBoard tags are the ones readers look up by name (`learning_curves.py`,
-`scripts/gpu_check.py`, the tests); ranks other than 0 write no events."""
+`scripts/gpu/gpu_check.py`, the tests); ranks other than 0 write no events."""
 
 from __future__ import annotations
 

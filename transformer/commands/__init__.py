@@ -15,9 +15,9 @@ import os
 import sys
 
 # OpenMP threads that finish their work spin for a while before they sleep. On a machine
-# shared with other work, two torch threads spinning against another process ran up to 10x
-# slower; sleeping at once (PASSIVE) cost an uncontended run nothing measurable
-# (scripts/bench_omp_wait.py, docs/performance.md "OMP_WAIT_POLICY"). OpenMP reads the
+# shared with other work, two torch threads spinning against another process run much
+# slower; sleeping at once (PASSIVE) costs an uncontended run little
+# (scripts/bench/bench_omp_wait.py, docs/performance.md "OMP_WAIT_POLICY"). OpenMP reads the
 # variable once, when torch loads it, so it is set here, when a command's module is first
 # imported and before it imports torch; only if the user has not chosen
 # (OMP_WAIT_POLICY=ACTIVE keeps the spinning) and torch is not loaded. A command owns its

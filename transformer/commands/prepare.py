@@ -32,7 +32,7 @@ def prepare(cfg: PrepareConfig) -> None:
 
 
 # An absolute path: with a relative one Hydra looks for a `configs` Python package whenever
-# main is imported (the mt-prepare console script, scripts/prepare_data.py) and fails.
+# main is imported (the mt-prepare console script, scripts/data/prepare_data.py) and fails.
 @hydra.main(config_path=cli.CONFIG_PATH, config_name="prepare", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
     cli.run_command("mt-prepare", PrepareConfig, cfg, prepare)

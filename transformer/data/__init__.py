@@ -8,7 +8,7 @@ ids in the prepared-data cache (`SplitWriter`), on the processes of `workers.py`
 `pipeline.py` is preparation's entry point (`prepare_data`, `load_test_set`). At training
 time `mixture.py` samples from several corpora and `batching.py` makes token-based batches
 bucketed by length. `sentences.py` splits a user's line into the sentences the model was
-trained on (scripts/paragraphs.py joins a test set's lines into paragraphs to measure it).
+trained on (scripts/studies/paragraphs.py joins a test set's lines into paragraphs to measure it).
 
 May import: the top-level `transformer.config`, `errors`, `paths`, `bounds`, `outputs`;
 never the model, training or decoding.

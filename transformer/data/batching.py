@@ -115,7 +115,8 @@ def _pad(
     max_len + extra rounded up to `multiple`.
 
     Vectorised in numpy (one boolean-mask assignment): a Python loop over rows, or the same
-    in torch with its thread pool, takes 10-20 ms for a batch of 400 short sentences.
+    in torch with its thread pool, is far slower (docs/results.md, "Figures behind the
+    code's choices").
     """
     lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))

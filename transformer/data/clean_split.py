@@ -4,8 +4,8 @@ Preparation never holds a corpus in memory: its pairs are read in chunks of `CHU
 cleaned (`corpus.clean`), hashed as they pass (`corpus.Digest`, the content key of the
 prepared-data cache) and appended to an Arrow file, whose memory map then serves the
 vocabulary's sample (`CleanSplit.take`) and the encoding (`encode_split.SplitWriter`).
-Memory stays at a few chunks' worth, whatever the size of the corpus (the old in-memory
-pipeline's Python lists took about 1.6 GB per million pairs). With `data.num_proc` > 1
+Memory stays at a few chunks' worth, whatever the size of the corpus (the pairs as Python
+lists would take about 1.6 GB per million). With `data.num_proc` > 1
 the chunks are cleaned in worker processes (`workers.Workers`), in order.
 """
 

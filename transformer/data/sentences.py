@@ -6,7 +6,7 @@ blends them. `segment` cuts every line into sentences with the Moses splitter
 (`sentence-splitter`, the Python port of Koehn and Schroeder's `split-sentences.perl`)
 and its Italian non-breaking prefixes, plus the Italian abbreviations below that the Moses
 list lacks (why Moses: docs/decoding.md, "Documents: sentence splitting";
-scripts/compare_splitters.py measures the candidates). The decoder translates all
+scripts/studies/compare_splitters.py measures the candidates). The decoder translates all
 sentences of all lines together; `Segments.rejoin` puts each line back together, so every
 input line still gives exactly one output line.
 
@@ -35,7 +35,7 @@ import sentence_splitter
 from transformer.data.corpus import normalize
 
 LANGUAGE = "it"
-# Italian abbreviations missing from the Moses list, found by scripts/compare_splitters.py's
+# Italian abbreviations missing from the Moses list, found by scripts/studies/compare_splitters.py's
 # cases and by reading Europarl: titles and common short forms never end a sentence.
 EXTRA_PREFIXES = (
     "sig", "sigg", "sig.ra", "Sig.ra", "sig.na", "Sig.na", "dott", "dott.ssa", "Dott.ssa",

@@ -74,9 +74,9 @@ EXPORT_INFO = "export.json"  # what mt-export adds beside CTranslate2's files
 CT2_FILES = ("model.bin", "config.json", "shared_vocabulary.json")
 DEFAULT_CPU_THREADS = 2
 # On a CPU the threads run as that many single-threaded workers (CTranslate2's inter_threads)
-# on sub-batches of this many source tokens: on the 2-core AVX2 AMD EPYC, int8 beam 5 on
-# tatoeba-test ran at 326 sentences/s this way, 235 as one 2-thread worker on the same 500-token
-# batches and 214 on 2,000-token ones (docs/deploying.md, "Speed and BLEU").
+# on sub-batches of this many source tokens, which decodes faster on a 2-core CPU than one
+# 2-thread worker on the same or larger batches (docs/deploying.md, "Speed and BLEU", has
+# the figures).
 CPU_SUB_BATCH_TOKENS = 500
 NO_EARLY_EXIT = 1e-6  # a beam length_penalty that turns CTranslate2's early exit off
 

@@ -10,7 +10,7 @@ finished, and one sink. `add` writes every candidate of a step at once, the reje
 (not finished, or past the sentence's K-th, or of a sentence already done) into their
 sentence's sink, so the writes need no host read to know which rows they are.
 `hypotheses` reads the buffers back in one transfer when the batch is done and
-normalises the scores on the host, in float64, as the searches always did.
+normalises the scores on the host, in float64.
 """
 
 from __future__ import annotations

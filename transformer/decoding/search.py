@@ -54,17 +54,17 @@ __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "
 # every step: dropping finished rows at once is what pays there. On a GPU a read stops the
 # host until the device has caught up; reading every few steps lets it queue the next
 # steps' kernels meanwhile, at the price of done rows decoding a few steps longer.
-# The CUDA value is a first guess, to be measured (scripts/gpu_check.py, decode step).
+# The CUDA value is a first guess, to be measured (scripts/gpu/gpu_check.py, decode step).
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
 # on a slow path: once a model is confident most of its (N, V) log-probabilities are that
-# small, and a loss built on torch.logsumexp ran 6x slower (2.1 s instead of 0.36 s on
-# 4k x 8k logits). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps every
-# exp in normal floats. The loss (training/loss.py) runs on PyTorch's vectorised
-# log_softmax/softmax instead, which do not fall that far: on logits spread as a confident
-# model's, its forward + backward took 51-56 ms against 37 ms on an untrained model's
-# (3,700 x 8k, bf16), never more than the clamped version's 55.
+# small, and a loss built on torch.logsumexp slows down as the model learns (docs/performance.md,
+# "Earlier measurements"). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps
+# every exp in normal floats. The loss (training/loss.py) runs on PyTorch's vectorised
+# log_softmax/softmax instead, which do not fall that far: on a confident model's logits
+# they take about as long as on an untrained model's (docs/results.md, "Figures behind the
+# code's choices").
 _MIN_EXP = -60.0
 
 

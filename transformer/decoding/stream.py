@@ -5,8 +5,9 @@
 
 `text.translate_nbest` takes a list, whole: a million-line generator would be read (and
 held) before its first line is translated. `iter_nbest` reads lines into a window until
-it holds one decoding batch's worth of source tokens (decode.max_tokens: 2,000 on a CPU,
-8,000 on CUDA; at most that many lines, however short), translates the window with
+it holds one decoding batch's worth of source tokens (decode.max_tokens: 2,000 on a CPU; on
+CUDA 8,000 doubled while half the free memory holds the worst batch, at most 64,000; at
+most that many lines, however short), translates the window with
 `translate_nbest` (which sorts its sentences by length and batches them, as for a whole
 file), and yields the window's n-best lists in input order before it reads on. Memory
 is bounded by the window, whatever the input's length.

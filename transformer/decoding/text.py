@@ -51,10 +51,11 @@ if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no impor
 
 log = logging.getLogger(__name__)
 
-# Measured on the small model: on a CPU, batches of 2,000 source tokens decode greedy and
-# beam 5 about 1.16x faster than 8,000 (docs/performance.md, "Decoding speed"). On CUDA the batch grows
-# from 8,000 to what half the free memory holds (`batch_memory.decode_max_tokens`), at most
-# 65,536 source tokens: a GPU decodes more sentences a step for little more time.
+# On a CPU, batches of 2,000 source tokens decode greedy and beam 5 faster than 8,000 (the
+# small model; docs/performance.md, "Decoding speed", has the figures). On CUDA the batch
+# doubles from 8,000 while half the free memory holds its worst case
+# (`batch_memory.decode_max_tokens`), below the ceiling of 65,536: 64,000 source tokens at
+# most. A GPU decodes more sentences a step for little more time.
 CPU_MAX_TOKENS, CUDA_MAX_TOKENS, CUDA_MAX_TOKENS_CEILING = 2000, 8000, 65536
 
 
@@ -63,7 +64,7 @@ def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> Deco
 
     precision auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16,
     else fp32 (`device.resolve_precision`); max_tokens null: on CUDA with our model, what
-    half the free memory holds, 8,000 to 65,536 source tokens (`batch_memory.decode_max_tokens`),
+    half the free memory holds, 8,000, 16,000, 32,000 or 64,000 source tokens (`batch_memory.decode_max_tokens`),
     else 8,000; 2,000 on a CPU. An exported `model` computes in the type it was exported with:
     its precision stays auto, and any other is refused.
     """

@@ -19,9 +19,11 @@ same lines from a file with the same settings; `translate_iterable` is
 settings are `config.DecodeConfig`'s fields by name, checked as mt-translate checks them;
 a bad one raises `ConfigError` naming the keyword (`beam_size=0: must be >= 1`).
 
-Nothing here changes the process: `threads` holds for the translator's own calls only
-(`arguments.torch_threads`), and glibc's allocator is left as it is (the `mt-*`
-commands, which own their process, tune it: `device.keep_large_blocks_in_the_heap`).
+Loading changes nothing process-wide. A call with `threads` sets torch's thread count,
+which is process-wide, for the call's duration and restores it after
+(`arguments.torch_threads`): other torch work running meanwhile in another thread runs
+with it too. glibc's allocator is left as it is (the `mt-*` commands, which own their
+process, tune it: `device.keep_large_blocks_in_the_heap`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Argos Translate packages (`mt-export format=argos`): a checkpoint as LibreTranslate serves it.
 
     mt-export checkpoint=runs/sample/checkpoints/best output=exports/sample.argosmodel format=argos
-    scripts/serve_libretranslate.sh exports/sample.argosmodel      # http://127.0.0.1:5000
+    scripts/serving/serve_libretranslate.sh exports/sample.argosmodel      # http://127.0.0.1:5000
 
 An `.argosmodel` is a zip of one directory: argostranslate's `install_from_path` extracts
 it into its packages folder, where every directory is a package. What argostranslate 1.11

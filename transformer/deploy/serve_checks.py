@@ -1,6 +1,6 @@
 """What the LibreTranslate server refuses: malformed requests, and sockets past loopback.
 
-Used by `scripts/libretranslate_guard.py` inside LibreTranslate's own venv: standard
+Used by `scripts/serving/libretranslate_guard.py` inside LibreTranslate's own venv: standard
 library only.
 """
 

@@ -1,6 +1,6 @@
 """Fair, batched translation for a server: every request's cost bounded, none starved.
 
-Used by `scripts/libretranslate_guard.py` inside LibreTranslate's own venv, so it imports
+Used by `scripts/serving/libretranslate_guard.py` inside LibreTranslate's own venv, so it imports
 nothing but the standard library (the translator it is handed is a
 `ctranslate2.Translator`, or anything with its `translate_batch`).
 

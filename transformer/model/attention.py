@@ -46,7 +46,7 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     """x in autocast's lower precision when autocast is on, else x itself.
 
     Autocast casts a float32 input separately for every matmul that reads it: the q, k
-    and v projections of a LayerNorm's fp32 output were three casts forward and three
+    and v projections of a LayerNorm's fp32 output would be three casts forward and three
     backward, and the encoder memory two in every decoder layer. Casting once before them
     makes that one (the same values: each cast rounds the same way).
     """
@@ -86,12 +86,13 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.store_weights = False  # set True to keep `self.weights` (B, H, T, S)
-        # None: F.scaled_dot_product_attention on CUDA (fused flash / memory-efficient
-        # kernels), the explicit product on CPU. On CPU the explicit product is SDPA's math
-        # kernel without its scaling of a transposed copy of K, which on a decoding step
-        # (one query per row against every cached key) cost more than the product itself
-        # (beam 5 rows: 34 -> 5 ms per call); SDPA's fused CPU kernel is slower still on
-        # sentence-length sequences. True/False force a path (tests use both on CPU).
+        # None: F.scaled_dot_product_attention on CUDA (given a mask, as here, its
+        # memory-efficient kernel, or the math one where that cannot run; never flash, which
+        # takes no mask), the explicit product on CPU. On CPU the explicit product is SDPA's
+        # math kernel without its scaling of a transposed copy of K, which on a decoding step
+        # (one query per row against every cached key) costs more than the product itself
+        # (docs/results.md, "Figures behind the code's choices"); SDPA's fused CPU kernel is
+        # slower still on sentence-length sequences. True/False force a path (tests use both on CPU).
         self.use_sdpa: bool | None = None
         self.weights: torch.Tensor | None = None
 
@@ -147,7 +148,7 @@ class MultiHeadAttention(nn.Module):
             if self.store_weights:
                 self.weights = w.detach()
             out = dropout(w, p, self.training) @ v  # the cheap CPU mask (dropout.py)
-        else:  # CUDA: SDPA picks a fused (flash / memory-efficient) kernel
+        else:  # CUDA: SDPA with a mask, so the memory-efficient kernel (flash takes no mask)
             open_mask, has_key = _open_empty_rows(mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)
             out = out.masked_fill(~has_key, 0.0)  # rows with no key: zeros, not NaN

@@ -1,12 +1,12 @@
 """Dropout whose mask is cheap to draw on a CPU.
 
-PyTorch's CPU dropout draws one Mersenne-Twister number per element, which made dropout
-about 30% of a bf16 training step of the small model on a 2-core CPU (profiled in
-scripts/bench_train.py's setting). Here one 64-bit word serves four elements: each 16-bit
+PyTorch's CPU dropout draws one Mersenne-Twister number per element, a large share of a
+small model's bf16 training step on a CPU (docs/performance.md, "Earlier measurements", has
+the profile). Here one 64-bit word serves four elements: each 16-bit
 lane is a uniform integer in [-32768, 32767], kept when it is at least
 -32768 + round(p * 65536). So p is applied with a resolution of 1/65536, and the kept
 elements are scaled by 1 / (1 - p) as usual. The words come from numpy's SFC64 generator
-(about 2.5x faster than torch's Mersenne Twister), seeded for each mask by one draw from
+(faster than torch's Mersenne Twister, the same page), seeded for each mask by one draw from
 torch's default generator, so `torch.manual_seed` and the trainer's saved RNG state
 govern them: seeding and resuming work as with `nn.Dropout`. On other devices this is
 `F.dropout` (fused and fast there).
@@ -39,7 +39,7 @@ def keep_factor(shape: torch.Size, p: float, dtype: torch.dtype) -> torch.Tensor
     """The same draw as `keep_mask`, as 1.0 (keep) and 0.0 (drop) in `dtype`.
 
     Multiplying by a bool tensor converts it to the other operand's dtype first, on a
-    slow path (1.9 ms against 0.34 ms for a bf16 product of 4M elements, AMD EPYC Zen 4):
+    slow path (docs/performance.md, "The bf16 step on a CPU with native bf16", has it timed):
     numpy writes the factor in the dtype itself, bf16 as the bit pattern of 1.0 (0x3F80).
     """
     keep = _lanes(shape.numel()) >= _threshold(p)

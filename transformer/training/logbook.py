@@ -1,7 +1,7 @@
 """What a training run reports as it goes: `LogWindow` (the metrics of the updates since
 the last log line) and `Logbook`, which shows them on the progress bar, as a log line when
 there is no bar, and in TensorBoard (rank 0) beside the dev sets' scores, under the tags
-that `transformer/inspection/learning_curves.py`, `scripts/gpu_check.py` and the tests read.
+that `transformer/inspection/learning_curves.py`, `scripts/gpu/gpu_check.py` and the tests read.
 """
 
 from __future__ import annotations

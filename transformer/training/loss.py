@@ -11,13 +11,12 @@ where x are the logits and lse = logsumexp(x). Its gradient is softmax(x) - eps 
 - (1 - eps) * onehot(gold). `label_smoothed_nll` computes both in one autograd function,
 in fp32 (or fp64) whatever the logits' dtype, keeping only the logits for the backward
 pass: the output layer and this loss are the largest cost of a training step at an 8k
-vocabulary (profiled in scripts/bench_train.py). Each pass over the (N, V) logits is one
+vocabulary (profiled in scripts/bench/bench_train.py). Each pass over the (N, V) logits is one
 of PyTorch's fused softmax kernels, which read bf16 and accumulate in fp32 themselves:
 forward a log_softmax (the sums, the gold token and the mean come from it), backward a
 softmax, a subtraction and the multiplication by the incoming gradient written straight
-into the logits' dtype. Before, the forward copied the logits to fp32 and took exp by
-hand, seven passes in all (55 -> 37 ms for loss forward + backward on 3,700 x 8k bf16
-logits, AMD EPYC Zen 4).
+into the logits' dtype. Copying the logits to fp32 and taking exp by hand would make seven
+passes (docs/performance.md, "The bf16 step on a CPU with native bf16", times both).
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ run would skip updates forever. `DivergenceGuard` counts them and, past
 `trainer.diverge_after`, ends the run with one line that says what happened and which
 setting to change.
 
-What it looked like before this guard (docs/errors.md, "A run that diverges stops"): with
-`optim.lr=1e10` the first update drives the weights to ~1e9, every later loss is NaN,
-every update is skipped in 20-60 ms (no single op stalls), and since only applied
-updates advance the step, log, validate or look at the stop signal, the loop never ended.
+Why it is needed (docs/errors.md, "A run that diverges stops"): with `optim.lr=1e10` the
+first update drives the weights to ~1e9 and every later loss is NaN; every update is then
+skipped quickly (no single op stalls), and since only applied updates advance the step,
+log, validate or look at the stop signal, a loop without this guard would never end.
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     """AdamW (= Adam when weight_decay is 0); the fused kernel when `cfg.fused`.
 
     Fused, one kernel updates every parameter (CUDA, and CPU since torch 2.4); unfused,
-    PyTorch's CPU default is a loop of about ten small ops per parameter tensor, 5% of a
-    small model's bf16 step on a 2-core CPU (scripts/bench_train.py's profile).
+    PyTorch's CPU default is a loop of about ten small ops per parameter tensor, a share of a
+    small model's bf16 step on a CPU worth saving (docs/performance.md, "The bf16 step on a
+    CPU with native bf16", has it timed).
     """
     return torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,

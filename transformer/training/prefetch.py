@@ -1,9 +1,10 @@
 """Batches collated ahead of the step that needs them: `Prefetcher`, a background thread.
 
-The training loop used to collate each batch in the main thread just before its step and
-copy it synchronously, so the host never ran ahead of the device. Here a thread collates
-the next batches (numpy, which releases the GIL for the heavy parts) into a bounded queue,
-pinned when the device is a GPU so that the loop's `Batch.to(device, non_blocking=True)`
+Collating each batch in the main thread just before its step, and copying it
+synchronously, would keep the host from running ahead of the device. Here a thread collates
+the next batches into a bounded queue (it holds the GIL while it reads the rows, Python
+lists of ids, and numpy releases it only inside its vectorised copies: the collating
+overlaps the device's work, not the main thread's Python), pinned when the device is a GPU so that the loop's `Batch.to(device, non_blocking=True)`
 is an asynchronous copy.
 
 Exact resume does not depend on the thread: each item carries its own position (epoch,

@@ -11,8 +11,9 @@ there (docs/training.md, "The GPU recipe in one call"):
                                               # folder, /tmp/gpu_recipe, is kept)
     scripts/gpu_recipe.sh -- optim.lr=7e-4    # mt-train overrides after --, for every step
 
-Steps, each in its own process under its own time limit; the run as a whole has a deadline
-(540 s on a GPU), and training gets its six minutes less what the deadline cannot spare:
+scripts/gpu/harness.py runs the steps (the table STEPS at the end), each in its own process
+under its own time limit (at the limit SIGTERM: mt-train saves and stops; SIGKILL 30 s
+later); the run as a whole has a deadline (540 s on a GPU), and training gets its six minutes less what the deadline cannot spare:
 the time already spent, the train step's own start, validation and checkpoints
 (`Plan.train_overhead`) and the later steps' (`Plan.after_train`). The JSON says how long
 it trained.
@@ -24,7 +25,8 @@ it trained.
   evaluate  beam 5 on tatoeba-test, europarl-test and FLORES-200 devtest: BLEU, chrF, TER,
             names, sacrebleu signatures, sentences/s
   export    mt-export quantization=int8 and the same three sets on the CPU (skipped where
-            ctranslate2 cannot be imported: its wheel does not travel with the corpus)
+            ctranslate2 cannot be imported: its wheel does not travel with the corpus; a
+            skipped step is not passed, so such a run says FAILED until the second call)
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import json
 import lzma
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,8 +43,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("data", "train", "average", "evaluate", "export")
+from harness import Harness, StepFailed, StepSkipped, last_line
+
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "experiment=europarl_tatoeba_gpu"
 TEST_SETS = ("tatoeba-test", "europarl-test", "flores200-devtest")
 DEV_CORPORA = ("europarl", "tatoeba")
@@ -64,6 +66,7 @@ class Plan:
     average_last: int
     limits: dict[str, int] = field(default_factory=dict)  # seconds per step, at most
     deadline: int = 540
+    grace: int = 30  # seconds from a step's SIGTERM at its limit (mt-train saves and stops) to SIGKILL
 
 
 GPU = Plan(device="cuda", data_root=".gpu/recipe/data", overrides=[], train_seconds=360, train_overhead=60,
@@ -80,11 +83,7 @@ CPU = Plan(device="cpu", data_root="", train_seconds=60, train_overhead=30, afte
            limits={"data": 60, "train": 90, "average": 60, "evaluate": 60, "export": 60}, deadline=300)
 
 
-class StepFailed(Exception):
-    """A step ran but its result is wrong: the message says what, in one line."""
-
-
-# ---- the orchestrator: each step in its own process ----------------------------------
+# ---- the run: scripts/gpu/harness.py runs the step table (STEPS, at the end) ----------
 
 
 def main() -> int:
@@ -92,64 +91,34 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="toy sizes on the CPU (CI), no GPU needed")
     ap.add_argument("--data", help="--cpu: train on this packed folder (e.g. .gpu/recipe/data), "
                                    "not a toy copy of data/sample")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_recipe_out",
-                    help="where gpu_recipe.json and gpu_recipe.log go (default $OUT)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"a comma-separated subset of {','.join(STEPS)}")
     ap.add_argument("--vocab", help="write the recipe's vocabulary here: the corpus prepared from "
                                     "../shared/data into data/cache (--pack runs it)")
-    ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
-    ap.add_argument("--work", help=argparse.SUPPRESS)
-    ap.add_argument("--root", help=argparse.SUPPRESS)  # the packed folder, as the parent chose it
-    ap.add_argument("--train-seconds", type=float, help=argparse.SUPPRESS)
+    HARNESS.add_arguments(ap)
     ap.add_argument("overrides", nargs="*", help="mt-train overrides (after --), e.g. optim.lr=7e-4")
     args = ap.parse_args()
-    plan = plan_for(args)
     if args.vocab:
         return write_vocabulary(Path(args.vocab), args.overrides)
     if args.step:
-        return run_step_here(args.step, plan, Path(args.work), args.overrides, args.train_seconds)
-    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    unknown = [s for s in steps if s not in STEPS]
-    if unknown:
-        print(f"gpu_recipe: --steps: unknown step {unknown[0]!r}; choose from {', '.join(STEPS)}", file=sys.stderr)
+        return HARNESS.child(args.step, Path(args.work))
+    steps = HARNESS.chosen_steps(args.steps)
+    if steps is None:
         return 2
+    plan = plan_for(args)
     if not (ROOT / plan.data_root).is_dir() and not (args.cpu and not args.data):
         print(f"gpu_recipe: {plan.data_root} not found: run scripts/gpu_recipe.sh --pack first "
               "and carry .gpu/recipe", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     work = (out / "work").resolve() if args.cpu else Path(os.environ.get("GPU_RECIPE_WORK", "/tmp/gpu_recipe"))
-    work.mkdir(parents=True, exist_ok=True)
     if args.cpu and not args.data:
-        args.root = str(toy_corpus(work / "toy"))
-        plan = replace(plan, data_root=args.root)
+        plan = replace(plan, data_root=str(toy_corpus(work / "toy")))
     report = {"mode": "cpu" if args.cpu else "gpu", "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "plan": asdict(plan), "overrides": args.overrides, "steps": {}}
-    start = time.monotonic()
-    log_path = out / "gpu_recipe.log"
-    for name in steps:
-        left = int(plan.deadline - (time.monotonic() - start))
-        limit, seconds = min(plan.limits[name], left), None
-        if name == "train":  # the recipe's time, less what the later steps need
-            seconds = min(plan.train_seconds, left - plan.after_train - plan.train_overhead)
-            limit = min(int(seconds) + plan.train_overhead + 60, plan.limits["train"], left)
-        if limit < 5 or (seconds is not None and seconds < 1):
-            report["steps"][name] = {"status": "not run", "why": "the run's deadline was reached"}
-        else:
-            report["steps"][name] = run_step(name, args, work, log_path, limit, seconds)
-        report["passed"] = all(s["status"] in ("passed", "skipped") for s in report["steps"].values())
-        write_json(out / "gpu_recipe.json", report)
-        s = report["steps"][name]
-        print(f"gpu_recipe: {name:<8} {s['status']:<8} {s.get('seconds', 0):6.1f} s  "
-              f"{s.get('error') or s.get('why') or ''}", flush=True)
-    print(f"gpu_recipe: {'all passed' if report['passed'] else 'FAILED'}; {out / 'gpu_recipe.json'}")
-    return 0 if report["passed"] else 1
+              "plan": asdict(plan), "overrides": args.overrides}
+    plan = replace(plan, overrides=[*plan.overrides, *args.overrides])  # every step's, the user's last
+    return HARNESS.run(plan, steps, out, work, report, budget=train_budget)
 
 
 def plan_for(args: argparse.Namespace) -> Plan:
-    if args.root:
-        return replace(plan_for(argparse.Namespace(**{**vars(args), "root": None})), data_root=args.root)
     if not args.cpu:
         return GPU
     if args.data:  # the packed corpus on a CPU: its preparation takes minutes, not seconds
@@ -158,51 +127,16 @@ def plan_for(args: argparse.Namespace) -> Plan:
     return CPU
 
 
-def run_step(name: str, args: argparse.Namespace, work: Path, log_path: Path, limit: int,
-             train_seconds: float | None) -> dict:
-    """One step in a child process, in a session of its own: at the limit it gets SIGTERM
-    (mt-train saves a checkpoint and stops), 30 s later SIGKILL."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--work", str(work)]
-    cmd += ["--cpu"] if args.cpu else []
-    cmd += ["--data", args.data] if args.data else []
-    cmd += ["--root", args.root] if args.root else []
-    cmd += ["--train-seconds", str(train_seconds)] if train_seconds else []
-    cmd += ["--", *args.overrides] if args.overrides else []
-    result_file = work / f"{name}.json"
-    result_file.unlink(missing_ok=True)
-    t0 = time.monotonic()
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"\n===== step {name} (limit {limit} s) =====\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        rc: int | None
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            rc = None
-    result = json.loads(result_file.read_text()) if result_file.exists() else {}
-    if rc is None:
-        result |= {"status": "failed", "error": f"timed out after {limit} s"}
-    elif rc != 0 and "error" not in result:
-        result |= {"status": "failed", "error": f"exit status {rc}: {last_line(log_path.read_text(errors='replace'))}"}
-    return {"status": result.pop("status", "failed"), "seconds": round(time.monotonic() - t0, 1), **result}
-
-
-def last_line(text: str) -> str:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
-
-
-def write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
+def train_budget(name: str, plan: Plan, limit: int, left: int) -> tuple[int, Plan]:
+    """The train step trains for the recipe's time less what the later steps need (and gets
+    no limit when that is under a second); every other step keeps its limit."""
+    if name != "train":
+        return limit, plan
+    seconds = min(plan.train_seconds, left - plan.after_train - plan.train_overhead)
+    if seconds < 1:
+        return 0, plan
+    limit = min(int(seconds) + plan.train_overhead + 60, plan.limits["train"], left)
+    return limit, replace(plan, train_seconds=seconds)
 
 
 def write_vocabulary(path: Path, user: list[str]) -> int:
@@ -241,28 +175,7 @@ def toy_corpus(folder: Path) -> Path:
 # ---- the steps (in the child) ----------------------------------------------------------
 
 
-def run_step_here(name: str, plan: Plan, work: Path, user: list[str], train_seconds: float | None) -> int:
-    """The child: run the step, write work/<name>.json (figures, status, error)."""
-    result: dict = {}
-    try:
-        overrides = train_overrides(plan, work, user)
-        if name == "train":
-            result = step_train(plan, work, overrides, train_seconds or plan.train_seconds)
-        else:
-            result = STEP_FUNCTIONS[name](plan, work, overrides)
-        result.setdefault("status", "passed")
-    except StepFailed as e:
-        result |= {"status": "failed", "error": str(e)}
-    except Exception as e:  # a bug or a broken environment: the traceback goes to the log
-        import traceback
-
-        traceback.print_exc()
-        result |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:400]}
-    write_json(work / f"{name}.json", result)
-    return 0 if result["status"] in ("passed", "skipped") else 1
-
-
-def train_overrides(plan: Plan, work: Path, user: list[str]) -> list[str]:
+def train_overrides(plan: Plan, work: Path) -> list[str]:
     """The experiment with the packed corpus and the plan's sizes: the same for every step,
     so the data step's cache is the one training finds."""
     cores = len(os.sched_getaffinity(0))
@@ -270,7 +183,7 @@ def train_overrides(plan: Plan, work: Path, user: list[str]) -> list[str]:
     spm = spm if spm.is_absolute() else ROOT / spm
     return [EXPERIMENT, f"data.root={plan.data_root}", f"data.cache_dir={work / 'cache'}",
             f"data.num_proc={max(1, min(cores, 16))}", *([f"data.tokenizer={spm}"] if spm.is_file() else []),
-            *plan.overrides, *user]
+            *plan.overrides]
 
 
 def compose(overrides: list[str]):
@@ -287,13 +200,13 @@ def compose(overrides: list[str]):
         return to_dataclass(TrainConfig, hydra_compose("train", overrides=overrides))
 
 
-def step_data(plan: Plan, work: Path, overrides: list[str]) -> dict:
+def step_data(plan: Plan, work: Path, r: dict) -> dict:
     from transformer.commands.cli import setup_logging
     from transformer.data.pipeline import prepare_data
 
     setup_logging("gpu_recipe")
     t0 = time.monotonic()
-    prepared = prepare_data(compose(overrides).data)
+    prepared = prepare_data(compose(train_overrides(plan, work)).data)
     splits = prepared.stats.get("splits", {})
     import torch
 
@@ -307,21 +220,24 @@ def step_data(plan: Plan, work: Path, overrides: list[str]) -> dict:
             "phases_seconds": prepared.stats.get("seconds")}
 
 
-def step_train(plan: Plan, work: Path, overrides: list[str], seconds: float) -> dict:
+def step_train(plan: Plan, work: Path, r: dict) -> dict:
+    """mt-train for `plan.train_seconds` (the harness's budget has set it)."""
     import re
 
     from transformer.inspection.learning_curves import read_scalars
 
     run_dir = work / "run"
     shutil.rmtree(run_dir, ignore_errors=True)  # the recipe's own work folder
-    cmd = [sys.executable, "-m", "transformer.commands.train", *overrides, f"trainer.device={plan.device}",
+    seconds = plan.train_seconds
+    cmd = [sys.executable, "-m", "transformer.commands.train", *train_overrides(plan, work),
+           f"trainer.device={plan.device}",
            "trainer.progress=false", "trainer.resume=never", f"trainer.run_dir={run_dir}",
            f"trainer.max_hours={seconds / 3600:.6f}"]
     print("$", " ".join(cmd), flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     print(proc.stdout[-20000:], proc.stderr[-40000:], sep="\n", flush=True)
-    r: dict = {"wall_seconds": round(time.monotonic() - t0, 1), "max_hours": round(seconds / 3600, 6)}
+    r |= {"wall_seconds": round(time.monotonic() - t0, 1), "max_hours": round(seconds / 3600, 6)}
     log = proc.stdout + proc.stderr
     for key, pattern in (("precision", r"precision: (\w+)"), ("parameters", r"model: ([\d,]+) parameters")):
         m = re.search(pattern, log)
@@ -347,7 +263,7 @@ def step_train(plan: Plan, work: Path, overrides: list[str], seconds: float) -> 
     return r
 
 
-def step_average(plan: Plan, work: Path, overrides: list[str]) -> dict:
+def step_average(plan: Plan, work: Path, r: dict) -> dict:
     from transformer.checkpoint import step_checkpoints
     from transformer.commands.average import average
 
@@ -359,7 +275,7 @@ def step_average(plan: Plan, work: Path, overrides: list[str]) -> dict:
     avg = run_dir / "checkpoints" / "avg"
     shutil.rmtree(avg, ignore_errors=True)
     average(paths, avg)
-    r: dict = {"averaged": [p.name for p in paths], "dev_bleu": {}}
+    r |= {"averaged": [p.name for p in paths], "dev_bleu": {}}
     for label, ckpt in (("last", paths[-1]), ("average", avg)):
         r["dev_bleu"][label] = {c: evaluate(plan, work, ckpt, "dev", "greedy", plan.dev_sentences, corpus=c)
                                 ["scores"]["BLEU"] for c in DEV_CORPORA}
@@ -395,18 +311,18 @@ def chosen_checkpoint(work: Path) -> str:
     return chosen
 
 
-def step_evaluate(plan: Plan, work: Path, overrides: list[str]) -> dict:
+def step_evaluate(plan: Plan, work: Path, r: dict) -> dict:
     chosen = chosen_checkpoint(work)
     return {"checkpoint": chosen, "beam": 5,
             "test_sets": {t: evaluate(plan, work, Path(chosen), t, "beam", plan.eval_sentences) for t in TEST_SETS}}
 
 
-def step_export(plan: Plan, work: Path, overrides: list[str]) -> dict:
+def step_export(plan: Plan, work: Path, r: dict) -> dict:
     try:
         import ctranslate2  # noqa: F401
     except ImportError as e:
-        return {"status": "skipped", "why": f"ctranslate2 cannot be imported ({e}): carry .gpu/recipe_ct2 "
-                                           "and run --steps export on the same machine"}
+        raise StepSkipped(f"ctranslate2 cannot be imported ({e}): carry .gpu/recipe_ct2 "
+                          "and run --steps export on the same machine") from None
     from transformer.deploy.ct2_export import ExportConfig, export_ct2
 
     chosen = chosen_checkpoint(work)
@@ -421,8 +337,10 @@ def step_export(plan: Plan, work: Path, overrides: list[str]) -> dict:
     return r
 
 
-STEP_FUNCTIONS = {"data": step_data, "average": step_average, "evaluate": step_evaluate, "export": step_export}
-
+# The step table, in run order: a step is a row here and a limit in each plan.
+STEPS = {"data": step_data, "train": step_train, "average": step_average, "evaluate": step_evaluate,
+         "export": step_export}
+HARNESS = Harness("gpu_recipe", Path(__file__).resolve(), STEPS, Plan)
 
 if __name__ == "__main__":
     sys.exit(main())

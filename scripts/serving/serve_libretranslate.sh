@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Serve a model with LibreTranslate (its REST API and web page) on 127.0.0.1, offline.
 #
-#   scripts/serve_libretranslate.sh <checkpoint dir | mt-export dir | file.argosmodel> [port]
-#   scripts/serve_libretranslate.sh --setup        # only build LibreTranslate's venv (CI)
+#   scripts/serving/serve_libretranslate.sh <checkpoint dir | mt-export dir | file.argosmodel> [port]
+#   scripts/serving/serve_libretranslate.sh --setup        # only build LibreTranslate's venv (CI)
 #
 # A checkpoint is packed with `mt-export format=argos` (int8 unless QUANTIZATION=none|...);
 # an mt-export directory is packed from the checkpoint its export.json names, with its
@@ -26,7 +26,7 @@
 # (concurrent CTranslate2 calls: the CPU count, at most 8), ARGOS_INTRA_THREADS (1 thread
 # each), MT_SERVE_DEBUG=1 (Argos's log of every request's text; off by default).
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 VENV="${MT_SERVE_VENV:-$ROOT/.venv-serve}"
 # The versions this project tests with. Nothing they pull needs torch (pip's resolver report:
 # argos-translate-lt dropped stanza), so no CUDA build of torch is downloaded.
@@ -163,8 +163,8 @@ export MT_SERVE_PARENT=$$ MT_SERVE_TOKEN="$$-$RANDOM$RANDOM" MT_SERVE_MAX_SENTEN
 export MT_SERVE_MAX_PIECES="$MAX_PIECES" MT_SERVE_SECONDS="$REQUEST_SECONDS" MT_SERVE_LENGTH_BUCKET="$LENGTH_BUCKET"
 LIMITS=(--char-limit "$CHAR_LIMIT" --batch-limit "$BATCH_LIMIT" --alternatives-limit "$ALTERNATIVES_LIMIT" --threads "$THREADS")
 if (( REQ_LIMIT > 0 )); then LIMITS+=(--req-limit "$REQ_LIMIT"); fi
-# LibreTranslate's command behind our checks and fair batching (scripts/libretranslate_guard.py).
-"$VENV/bin/python" "$ROOT/scripts/libretranslate_guard.py" --host 127.0.0.1 --port "$PORT" \
+# LibreTranslate's command behind our checks and fair batching (scripts/serving/libretranslate_guard.py).
+"$VENV/bin/python" "$ROOT/scripts/serving/libretranslate_guard.py" --host 127.0.0.1 --port "$PORT" \
   --load-only it,en "${LIMITS[@]}" --disable-files-translation \
   --frontend-language-source it --frontend-language-target en &
 SERVER=$!

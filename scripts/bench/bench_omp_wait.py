@@ -5,8 +5,8 @@ fresh child process; policies alternate round by round so that the machine's noi
 them alike. `default` leaves the variable unset (libgomp spins a while before sleeping);
 PASSIVE is what the `mt-*` commands set when the user has not (transformer/commands/__init__.py).
 
-    python scripts/bench_omp_wait.py                       # 2 threads, 3 rounds, quiet machine
-    python scripts/bench_omp_wait.py --busy 1              # plus one busy-looping process
+    python scripts/bench/bench_omp_wait.py                       # 2 threads, 3 rounds, quiet machine
+    python scripts/bench/bench_omp_wait.py --busy 1              # plus one busy-looping process
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(threads: int, steps: int, sentences: int) -> None:
@@ -98,7 +98,7 @@ def main() -> None:
             if policy != "default":
                 env["OMP_WAIT_POLICY"] = policy
             hogs = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                                      f"from scripts.bench_omp_wait import busy_loop; busy_loop(3600)"])
+                                      f"from scripts.bench.bench_omp_wait import busy_loop; busy_loop(3600)"])
                     for _ in range(args.busy)]
             try:
                 out = subprocess.run(

@@ -2,9 +2,9 @@
 
 Consecutive lines of a dev or test set (Europarl's come from running sessions, FLORES's
 from articles) are joined, 2 to 5 at a time, into paragraphs, as a user would paste them,
-and their references are joined the same way. scripts/eval_paragraphs.py scores a model
+and their references are joined the same way. scripts/studies/eval_paragraphs.py scores a model
 on them with sentence splitting on and off, beside the same sentences translated one by
-one; scripts/compare_splitters.py asks how often a splitter finds the joins again. A
+one; scripts/studies/compare_splitters.py asks how often a splitter finds the joins again. A
 module those two scripts share, not a script: the package's commands never build
 paragraphs, so it lives beside the scripts that measure with them.
 

@@ -1,7 +1,7 @@
 """Italian sentence splitters side by side: hand-written cases, joined dev sets, speed.
 
     pip install pysbd sentencex           # the candidates the project does not depend on
-    python scripts/compare_splitters.py [--max-lines 2000]
+    python scripts/studies/compare_splitters.py [--max-lines 2000]
 
 Candidates: the Moses splitter (`sentence-splitter`) with its own Italian prefixes and
 with the project's additions (`transformer.data.sentences`, what mt-translate uses), `sentencex`,
@@ -13,7 +13,7 @@ package loads it, without and with the project's prefixes as tokenizer special c
    numbers (`3.5`, `1.000`), quotes, ellipses, question and exclamation marks, whose right
    split is written by hand: how many each candidate splits exactly so.
 2. Joined dev sets: consecutive lines of europarl/dev, tatoeba/dev and FLORES-200 devtest
-   joined 2 to 5 at a time (`scripts/paragraphs.py`, seed 0): the share of joins found
+   joined 2 to 5 at a time (`scripts/studies/paragraphs.py`, seed 0): the share of joins found
    again (recall), the share of paragraphs split exactly into their lines, and the cuts
    made inside a line per 100 lines (some right: a Tatoeba line can hold two sentences).
 3. Speed: paragraphs per second (one thread; whatever the CPU), and the share of

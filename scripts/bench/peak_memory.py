@@ -14,10 +14,10 @@ encoding), `train` (from the model's log line), `validate` (from the log line of
 update validated until its dev scores), `save`. It prints the peak, its phase and the log
 line before it, and each phase's highest reading; `--csv` writes every sample.
 
-    python scripts/peak_memory.py                            # precision auto, 300 updates
-    python scripts/peak_memory.py --precision bf16           # the bf16 path (emulated
+    python scripts/bench/peak_memory.py                            # precision auto, 300 updates
+    python scripts/bench/peak_memory.py --precision bf16           # the bf16 path (emulated
                                                              # without native bf16: slow)
-    python scripts/peak_memory.py --steps 50 -- data.max_tokens=2048   # more overrides
+    python scripts/bench/peak_memory.py --steps 50 -- data.max_tokens=2048   # more overrides
 """
 
 from __future__ import annotations

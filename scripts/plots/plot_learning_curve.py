@@ -1,9 +1,9 @@
 """Learning curves of a run (dev BLEU/chrF and losses against training time) as a PNG, or
 several runs compared (dev BLEU and NLL, one colour per run).
 
-    python scripts/plot_learning_curve.py runs/tatoeba_cpu docs/tatoeba_cpu_curve.png
-    python scripts/plot_learning_curve.py runs/a runs/b -o compare.png --labels "1:1" "3:1"
-    python scripts/plot_learning_curve.py runs/scratch runs/stage1+runs/stage2 -o c.png --x updates
+    python scripts/plots/plot_learning_curve.py runs/tatoeba_cpu docs/tatoeba_cpu_curve.png
+    python scripts/plots/plot_learning_curve.py runs/a runs/b -o compare.png --labels "1:1" "3:1"
+    python scripts/plots/plot_learning_curve.py runs/scratch runs/stage1+runs/stage2 -o c.png --x updates
 """
 
 import argparse

@@ -6,12 +6,12 @@ loss, backward, gradient clipping, Adam. The two are timed in one process, alter
 rounds, so that the machine's noise hits both alike. Prints target tokens/s and the ratio,
 in fp32 and bf16 autocast.
 
-    python scripts/bench_train.py                      # small model, fp32 and bf16
-    python scripts/bench_train.py --baseline sdpa-math --precisions bf16   # attention paths
-    python scripts/bench_train.py --model base --steps 10 --precisions bf16 --peak-tflops 989   # a GPU
-    python scripts/bench_train.py --data tatoeba europarl_tatoeba --set corpora.tatoeba=3 \
+    python scripts/bench/bench_train.py                      # small model, fp32 and bf16
+    python scripts/bench/bench_train.py --baseline sdpa-math --precisions bf16   # attention paths
+    python scripts/bench/bench_train.py --model base --steps 10 --precisions bf16 --peak-tflops 989   # a GPU
+    python scripts/bench/bench_train.py --data tatoeba europarl_tatoeba --set corpora.tatoeba=3 \
         --peak-tflops measure          # both data sets (the mix 3:1); utilisation of a measured matmul peak
-    python scripts/bench_train.py --precisions fp32 --compile false true   # torch.compile'd against eager
+    python scripts/bench/bench_train.py --precisions fp32 --compile false true   # torch.compile'd against eager
 
 This trainer's step is the trainer's own update (`transformer.training.optimizer.Update`:
 clipping with `foreach`, the fused AdamW kernel skipping a non-finite update on the
@@ -60,7 +60,7 @@ from transformer.model.transformer import build_model, count_parameters
 from transformer.training.loss import batch_loss
 from transformer.training.optimizer import Update, build_optimizer
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CPU = torch.device("cpu")
 
 
@@ -253,7 +253,7 @@ def main() -> None:
     ap.add_argument("--pad-to-multiple", type=int, default=None,
                     help="pad batch lengths to a multiple of this (default: 8 on a GPU, 1 on a CPU, as training)")
     ap.add_argument("--json", default=None, metavar="PATH",
-                    help="also write every result line as a JSON list to PATH (scripts/gpu_check.py)")
+                    help="also write every result line as a JSON list to PATH (scripts/gpu/gpu_check.py)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.threads:

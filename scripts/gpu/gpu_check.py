@@ -8,19 +8,21 @@ environment (docs/training.md, "Checking a GPU"):
     scripts/gpu_check.sh --cpu --out DIR   # the same steps at toy size on a CPU (CI)
     scripts/gpu_check.sh --steps train,decode   # some steps only (a rerun)
 
-Each step runs in its own process with its own time limit, so a hang costs that step's
-limit and no more; the whole run also has a deadline (`--deadline`, 540 s on a GPU: one
-call of the device tool, `timeout_s=560`, whose limit is 600 s) that shortens the last
-steps' limits. The GPU limits add up to the deadline (25 + 50 + 60 + 130 + 160 + 55 + 60
-= 540 s): every step runs in one call. The JSON is rewritten after every step: a run cut off
-still says what it found. A step passes when its command succeeded and its figures meet
-the stated tolerances; its figures are kept either way.
+scripts/gpu/harness.py runs the steps (the table STEPS at the end): each in its own
+process with its own time limit, so a hang costs that step's limit (and a 10 s grace from
+SIGTERM to SIGKILL) and no more; the whole run also has a deadline (`--deadline`, 540 s on
+a GPU: one call of the device tool, `timeout_s=560`, whose limit is 600 s) that shortens
+the last steps' limits. The GPU limits add up to the deadline (25 + 50 + 60 + 130 + 160 +
+55 + 60 = 540 s): every step runs in one call. The JSON is rewritten after every step: a
+run cut off still says what it found. A step passes when its command succeeded and its
+figures meet the stated tolerances; its figures are kept either way; the run passes when
+every step passed.
 
 Steps (GPU sizes; `--cpu` runs the same code on data/sample and the tiny model):
   device  name, memory, versions, bf16 support, measured matmul peaks (bf16, fp16, TF32, fp32)
   data    mt-prepare of the corpus the later steps share (SentencePiece, encoded cache)
   tests   pytest -m gpu: counts and each failure's first line
-  bench   scripts/bench_train.py, base and big models in bf16 against nn.Transformer:
+  bench   scripts/bench/bench_train.py, base and big models in bf16 against nn.Transformer:
           target tokens/s, the ratio, MFU against the measured peak; base also
           torch.compile'd (`compile` true and false rows; compiles, graph breaks)
   train   the base model on Tatoeba for TRAIN_SECONDS: losses at fixed updates, tokens/s,
@@ -42,7 +44,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,8 +52,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("device", "data", "tests", "bench", "train", "ddp", "decode")
+from harness import Harness, StepFailed, last_line, write_json
+
+ROOT = Path(__file__).resolve().parents[2]
 LOSS_RTOL = 0.03  # a loss of the first updates in bf16/fp16 against fp32: relative difference
 BLEU_ATOL = 0.2  # decoding on the GPU against the CPU, BLEU points on the same sentences
 
@@ -63,7 +65,7 @@ class Plan:
 
     device: str
     data: list[str]  # mt-train overrides choosing the corpus (the work dir's cache is added)
-    bench_data: list[str]  # scripts/bench_train.py --data and --set
+    bench_data: list[str]  # scripts/bench/bench_train.py --data and --set
     test_file: str  # the decode step's source; its reference is the same name with .en
     matmul_n: int
     bench_models: list[str]
@@ -83,6 +85,7 @@ class Plan:
     decode_cpu_sentences: int
     limits: dict[str, int] = field(default_factory=dict)  # seconds per step
     deadline: int = 450
+    grace: int = 10  # seconds from a step's SIGTERM at its limit to SIGKILL
 
 
 GPU = Plan(
@@ -157,126 +160,42 @@ PACKED_MODULES = {"hydra", "omegaconf", "antlr4", "datasets", "dill", "multiproc
                   "ctranslate2", "sentence_splitter"}
 
 
-class StepFailed(Exception):
-    """A step ran but its result is wrong: the message says what, in one line."""
-
-
-# ---- the orchestrator: each step in its own process ----------------------------------
+# ---- the run: scripts/gpu/harness.py runs the step table (STEPS, at the end) ----------
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="toy sizes on the CPU (CI), no GPU needed")
-    ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out",
-                    help="where gpu_check.json and gpu_check.log go (default $OUT)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"a comma-separated subset of {','.join(STEPS)}")
     ap.add_argument("--deadline", type=int, default=None, help="seconds for the whole run")
     ap.add_argument("--train-seconds", type=float, default=None, help="the train step's training time")
-    ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
-    ap.add_argument("--work", help=argparse.SUPPRESS)
+    HARNESS.add_arguments(ap)
     args = ap.parse_args()
-    plan = CPU if args.cpu else GPU
-    if args.train_seconds:
-        plan = replace(plan, train_seconds=args.train_seconds)
     if args.step:
-        return run_step_here(args.step, plan, Path(args.work))
-    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    unknown = [s for s in steps if s not in STEPS]
-    if unknown:
-        print(f"gpu_check: --steps: unknown step {unknown[0]!r}; choose from {', '.join(STEPS)}", file=sys.stderr)
+        return HARNESS.child(args.step, Path(args.work))
+    steps = HARNESS.chosen_steps(args.steps)
+    if steps is None:
         return 2
     if not args.cpu and not cuda_available():
         print("gpu_check: no CUDA device here; run it on a GPU machine, or with --cpu", file=sys.stderr)
         return 2
+    plan = CPU if args.cpu else GPU
+    plan = replace(plan, train_seconds=args.train_seconds or plan.train_seconds,
+                   deadline=args.deadline or plan.deadline)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     work = out / "work" if args.cpu else Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu_check"))
-    work.mkdir(parents=True, exist_ok=True)
     report = {"mode": "cpu" if args.cpu else "gpu", "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "plan": asdict(plan), "steps": {}}
-    deadline = time.monotonic() + (args.deadline or plan.deadline)
-    log_path = out / "gpu_check.log"
-    for name in steps:
-        left = int(deadline - time.monotonic())
-        limit = min(plan.limits[name], left)
-        if limit < 5:
-            report["steps"][name] = {"status": "not run", "why": "the run's deadline was reached"}
-        else:
-            report["steps"][name] = run_step(name, args.cpu, work, log_path, limit, args.train_seconds)
-        report["passed"] = all(s["status"] == "passed" for s in report["steps"].values())
-        write_json(out / "gpu_check.json", report)
-        s = report["steps"][name]
-        print(f"gpu_check: {name:<7} {s['status']:<8} {s.get('seconds', 0):6.1f} s  "
-              f"{s.get('error') or s.get('why') or ''}", flush=True)
+              "plan": asdict(plan)}
+    status = HARNESS.run(plan, steps, out, work, report)
     for name in ("junit.xml",):  # small artefacts worth reading later
         if (work / name).exists():
             shutil.copy(work / name, out / f"gpu_check_{name}")
-    print(f"gpu_check: {'all passed' if report['passed'] else 'FAILED'}; {out / 'gpu_check.json'}")
-    return 0 if report["passed"] else 1
+    return status
 
 
 def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def run_step(name: str, cpu: bool, work: Path, log_path: Path, limit: int,
-             train_seconds: float | None = None) -> dict:
-    """One step in a child process (its own session, killed whole at the limit)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--work", str(work)]
-    cmd += ["--cpu"] if cpu else []
-    cmd += ["--train-seconds", str(train_seconds)] if train_seconds else []
-    result_file = work / f"{name}.json"
-    result_file.unlink(missing_ok=True)
-    t0 = time.monotonic()
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"\n===== step {name} (limit {limit} s) =====\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-    seconds = round(time.monotonic() - t0, 1)
-    result = json.loads(result_file.read_text()) if result_file.exists() else {}
-    if rc is None:
-        result |= {"status": "failed", "error": f"timed out after {limit} s"}
-    elif rc != 0 and "error" not in result:
-        tail = last_line(log_path.read_text(errors="replace"))
-        result |= {"status": "failed", "error": f"exit status {rc}: {tail}"}
-    return {"status": result.pop("status", "failed"), "seconds": seconds, **result}
-
-
-def last_line(text: str) -> str:
-    """The last non-blank line of `text`, cut to 300 characters (for one-line errors)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
-
-
-def write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
-
-
-def run_step_here(name: str, plan: Plan, work: Path) -> int:
-    """The child: run the step, write work/<name>.json (figures, status, error)."""
-    result: dict = {}
-    try:
-        result = STEP_FUNCTIONS[name](plan, work, result)
-        result["status"] = "passed"
-    except StepFailed as e:
-        result |= {"status": "failed", "error": str(e)}
-    except Exception as e:  # a bug or a broken environment: the traceback goes to the log
-        import traceback
-
-        traceback.print_exc()
-        result |= {"status": "failed", "error": f"{type(e).__name__}: {e}"[:400]}
-    write_json(work / f"{name}.json", result)
-    return 0 if result["status"] == "passed" else 1
 
 
 def sh(cmd: list[str], limit: float | None = None, env: dict | None = None) -> str:
@@ -301,7 +220,7 @@ def step_device(plan: Plan, work: Path, r: dict) -> dict:
 
     from transformer.device import describe_cpu
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
     from bench_train import matmul_tflops
 
     device = torch.device(plan.device)
@@ -380,7 +299,7 @@ def step_bench(plan: Plan, work: Path, r: dict) -> dict:
         out = work / f"bench_{model}_{compiled}.json"
         left = plan.limits["bench"] - (time.monotonic() - t0) - 5
         try:
-            sh([sys.executable, "scripts/bench_train.py", "--model", model, *plan.bench_data,
+            sh([sys.executable, "scripts/bench/bench_train.py", "--model", model, *plan.bench_data,
                 f"cache_dir={work / 'cache'}", "--precisions", *plan.bench_precisions, "--compile", compiled,
                 "--peak-tflops", "measure", "--matmul-n", str(plan.matmul_n), "--max-tokens",
                 str(plan.bench_max_tokens), "--steps", str(plan.bench_steps), "--rounds", "3",
@@ -617,9 +536,10 @@ def count_host_reads(model, tokenizer, device, lines: list[str], *cfgs) -> dict:
     return out
 
 
-STEP_FUNCTIONS = {"device": step_device, "data": step_data, "tests": step_tests, "bench": step_bench,
-                  "train": step_train, "ddp": step_ddp, "decode": step_decode}
-
+# The step table, in run order: a step is a row here and a limit in each plan.
+STEPS = {"device": step_device, "data": step_data, "tests": step_tests, "bench": step_bench,
+         "train": step_train, "ddp": step_ddp, "decode": step_decode}
+HARNESS = Harness("gpu_check", Path(__file__).resolve(), STEPS, Plan)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,9 +19,9 @@ on data/sample. A random model almost never emits EOS, so it writes until the ma
 length, a * |x| + b with DecodeConfig's defaults (1.2, 10) for every method alike;
 --fixed-len N makes every hypothesis exactly N tokens instead (min_len = max_len = N).
 
-    python scripts/bench_decode.py                                    # about 3 minutes
-    python scripts/bench_decode.py --sentences 200 --fixed-len 16 --naive-beam
-    python scripts/bench_decode.py --checkpoint runs/tatoeba_cpu/checkpoints/best
+    python scripts/bench/bench_decode.py                                    # about 3 minutes
+    python scripts/bench/bench_decode.py --sentences 200 --fixed-len 16 --naive-beam
+    python scripts/bench/bench_decode.py --checkpoint runs/tatoeba_cpu/checkpoints/best
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from transformer.model.attention import set_attention_path
 from transformer.model.transformer import build_model, count_parameters
 from transformer.paths import project_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_or_build(args):

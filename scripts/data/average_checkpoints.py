@@ -1,6 +1,6 @@
 """Average checkpoints (same as `mt-average`): see transformer/commands/average.py.
 
-    python scripts/average_checkpoints.py runs/tatoeba_cpu --last 5 -o runs/tatoeba_cpu/checkpoints/avg_last5
+    python scripts/data/average_checkpoints.py runs/tatoeba_cpu --last 5 -o runs/tatoeba_cpu/checkpoints/avg_last5
 """
 
 from transformer.commands.average import main

@@ -1,8 +1,8 @@
 """A running LibreTranslate under load, next to mt-translate on the same sentences.
 
-    scripts/serve_libretranslate.sh runs/prose/checkpoints/best &       # int8 package, port 5000
-    python scripts/bench_serve.py --url http://127.0.0.1:5000 --checkpoint exports/prose_int8
-    python scripts/bench_serve.py --url http://127.0.0.1:5000 --seconds 5    # a quick check
+    scripts/serving/serve_libretranslate.sh runs/prose/checkpoints/best &       # int8 package, port 5000
+    python scripts/bench/bench_serve.py --url http://127.0.0.1:5000 --checkpoint exports/prose_int8
+    python scripts/bench/bench_serve.py --url http://127.0.0.1:5000 --seconds 5    # a quick check
 
 Three measurements, each for --seconds seconds or --max-requests requests:
 1. For 1 and 4 concurrent clients (--clients), each client posts one sentence at a time to

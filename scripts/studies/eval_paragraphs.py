@@ -1,12 +1,12 @@
 """Documents against sentences: BLEU on paragraphs with sentence splitting on and off,
 beside the same sentences translated one by one; and sentence-level test sets, on and off.
 
-    python scripts/eval_paragraphs.py --checkpoint CKPT_OR_EXPORT [--out outputs/paragraphs]
-    python scripts/eval_paragraphs.py --checkpoint CKPT --paragraphs europarl-dev tatoeba-dev \
+    python scripts/studies/eval_paragraphs.py --checkpoint CKPT_OR_EXPORT [--out outputs/paragraphs]
+    python scripts/studies/eval_paragraphs.py --checkpoint CKPT --paragraphs europarl-dev tatoeba-dev \
         --sentence-sets flores200-devtest europarl-test tatoeba-test --method beam
 
 Paragraph sets: consecutive lines of a dev or test set joined 2 to 5 at a time
-(`scripts/paragraphs.py`, seed 0), one paragraph a line, references joined the same way.
+(`scripts/studies/paragraphs.py`, seed 0), one paragraph a line, references joined the same way.
 Each is translated three ways and scored against the joined references with sacrebleu's
 defaults: (1) sentence by sentence, each line of the set alone, the outputs joined as the
 paragraphs were (decode.split_sentences=false); (2) the paragraphs with

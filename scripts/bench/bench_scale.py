@@ -13,8 +13,8 @@ data cache's content key differs by size), then for each size:
 Everything it made is deleted as it goes (disk use peaks at about 9.5 GB at 10M pairs: the
 corpus 2.5 GB, the cache 4.6 GB and the cleaned text while it prepares, 2.3 GB).
 
-    python scripts/bench_scale.py                          # 1M, 3M, 10M pairs, 200 updates
-    python scripts/bench_scale.py --sizes 100000 --steps 20   # a quick look
+    python scripts/bench/bench_scale.py                          # 1M, 3M, 10M pairs, 200 updates
+    python scripts/bench/bench_scale.py --sizes 100000 --steps 20   # a quick look
 """
 
 from __future__ import annotations

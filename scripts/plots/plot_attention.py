@@ -1,6 +1,6 @@
 """Cross-attention heatmap of a sentence's greedy translation, as a PNG.
 
-    python scripts/plot_attention.py --checkpoint runs/tatoeba_cpu/checkpoints/best \
+    python scripts/plots/plot_attention.py --checkpoint runs/tatoeba_cpu/checkpoints/best \
         --sentence "Ci vediamo martedì alle due." --output attention.png [--layer -1]
 """
 

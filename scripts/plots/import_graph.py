@@ -1,8 +1,8 @@
 """The package's import graph, read from its own code: modules, imports, cycles, layers.
 
-    python scripts/import_graph.py                 # the figures, and any cycle or layer breach
-    python scripts/import_graph.py --dot graph.dot # the subpackage graph for Graphviz
-    python scripts/import_graph.py --root /other/checkout   # another tree (a commit before the move)
+    python scripts/plots/import_graph.py                 # the figures, and any cycle or layer breach
+    python scripts/plots/import_graph.py --dot graph.dot # the subpackage graph for Graphviz
+    python scripts/plots/import_graph.py --root /other/checkout   # another tree (a commit before the move)
 
 An import is an edge wherever it stands in a module (a function-level import counts: it
 ties the two modules as surely as one at the top), except under `if TYPE_CHECKING:`,
@@ -163,7 +163,7 @@ def group_graph(graph: Graph) -> Graph:
 
 def layer_breaches(graph: Graph) -> list[str]:
     """Imports from a higher layer, and modules in no layer."""
-    found = [f"{m} is in no layer (scripts/import_graph.py LAYERS)" for m in graph.modules
+    found = [f"{m} is in no layer (scripts/plots/import_graph.py LAYERS)" for m in graph.modules
              if group(m) not in LAYERS]
     for a, b in sorted(graph.edges):
         ga, gb = group(a), group(b)
@@ -189,7 +189,7 @@ _PACKAGES: set[str] = set()
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2],
                         help="the checkout to read (default: this one)")
     parser.add_argument("--dot", type=Path, help="write the subpackage graph here (Graphviz)")
     args = parser.parse_args(argv)

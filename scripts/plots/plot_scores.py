@@ -3,7 +3,7 @@
 given for it (updates, hours). For what dev BLEU cannot show, e.g. what fine-tuning on
 one corpus costs on the others' test sets.
 
-    python scripts/plot_scores.py outputs/parent outputs/ft/step_250 outputs/ft/step_500 \
+    python scripts/plots/plot_scores.py outputs/parent outputs/ft/step_250 outputs/ft/step_500 \
         --x 0 250 500 --xlabel "Tatoeba updates" -o docs/forgetting.png
 """
 

@@ -1,7 +1,7 @@
 """Our model against its CTranslate2 exports (fp32, int8): sentences/s and BLEU, one process.
 
-    python scripts/bench_ct2.py --checkpoint runs/tatoeba_cpu/checkpoints/best
-    python scripts/bench_ct2.py --checkpoint CKPT --max-sentences 500 --threads 2
+    python scripts/bench/bench_ct2.py --checkpoint runs/tatoeba_cpu/checkpoints/best
+    python scripts/bench/bench_ct2.py --checkpoint CKPT --max-sentences 500 --threads 2
 
 Exports the checkpoint twice into a temporary directory (mt-export quantization=none and
 int8), then translates tatoeba-test (`../shared/data/eval/tatoeba-test.{it,en}`, 8,616

@@ -8,14 +8,14 @@ trial still training shows its progress and no scores. Where the study's storage
 numbers: a trial a stopped study asked again shares its run directory with its first
 attempt, so a row can hold two.
 
-    python scripts/study_table.py runs/search/europarl_tatoeba_cpu
+    python scripts/studies/study_table.py runs/search/europarl_tatoeba_cpu
 
 With --command N it prints instead the `mt-train` command that trains Optuna trial N again
 outside the study, its configuration exactly (every setting where the trial's config.yaml
 differs from the study's experiment), with the overrides given after it on top, e.g. the
 two-hour confirmation of a proxy trial:
 
-    python scripts/study_table.py runs/search/europarl_tatoeba_cpu --command 10 \
+    python scripts/studies/study_table.py runs/search/europarl_tatoeba_cpu --command 10 \
         trainer.max_hours=2 trainer.run_dir=runs/confirm/trial10
 """
 
@@ -105,7 +105,7 @@ def row_of(trial: int, rows: list[dict]) -> dict:
 def study_experiment(sweep_dir: Path) -> str:
     """The experiment a study searches around: `override /experiment: X` in
     configs/hparams_search/<sweep dir name>.yaml."""
-    search = Path(__file__).resolve().parent.parent / "configs" / "hparams_search" / f"{sweep_dir.name}.yaml"
+    search = Path(__file__).resolve().parents[2] / "configs" / "hparams_search" / f"{sweep_dir.name}.yaml"
     if search.is_file():
         for entry in OmegaConf.to_container(OmegaConf.load(search)).get("defaults", []):
             if isinstance(entry, dict) and "override /experiment" in entry:

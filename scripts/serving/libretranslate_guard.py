@@ -1,8 +1,8 @@
 """LibreTranslate's own command, made fit to serve: checks in front, fair batching inside.
 
-    <LibreTranslate's venv>/bin/python scripts/libretranslate_guard.py --host 127.0.0.1 ...
+    <LibreTranslate's venv>/bin/python scripts/serving/libretranslate_guard.py --host 127.0.0.1 ...
 
-Run by scripts/serve_libretranslate.sh in LibreTranslate's venv, with LibreTranslate's own
+Run by scripts/serving/serve_libretranslate.sh in LibreTranslate's venv, with LibreTranslate's own
 arguments; this project's settings come from MT_SERVE_* variables (the script sets them).
 Around LibreTranslate 1.9.6 it adds:
 - checks that answer malformed requests with 400 where LibreTranslate would answer 500:
@@ -74,7 +74,7 @@ sys.modules["onnxruntime"] = SwitchedOff("onnxruntime")
 sys.modules["onnxruntime"].__spec__ = importlib.machinery.ModuleSpec("onnxruntime", None)
 
 # the project's serving modules: standard library only (this runs in LibreTranslate's venv)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from transformer.deploy.serve_checks import problem, refuse_outside  # noqa: E402
 
 sys.addaudithook(refuse_outside)  # any Python socket past loopback: PermissionError

@@ -1,10 +1,10 @@
 """The package's layers as a picture, drawn from its real import graph (docs/architecture.png).
 
-    python scripts/plot_architecture.py                      # writes docs/architecture.png
-    python scripts/plot_architecture.py --out /tmp/arch.png  # elsewhere
+    python scripts/plots/plot_architecture.py                      # writes docs/architecture.png
+    python scripts/plots/plot_architecture.py --out /tmp/arch.png  # elsewhere
 
 One box per subpackage (its modules listed inside) and per shared top-level module, in
-rows by layer (scripts/import_graph.py's LAYERS, lowest at the bottom); an arrow from a
+rows by layer (scripts/plots/import_graph.py's LAYERS, lowest at the bottom); an arrow from a
 box to another means a module of the first imports one of the second. Only the arrows
 that no path of other arrows implies are drawn (the layers' spine); each box lists, in
 small italics, everything it imports directly. The graph is read from the
@@ -28,7 +28,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from import_graph import LAYERS, group, group_graph, read_graph
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WIDTH, ROW, BOX_H = 18.0, 3.2, 2.0  # drawing units: the figure's width, one layer's height, a box's
 COLOURS = ["#e8e8e8", "#d6eaf8", "#fdebd0", "#d5f5e3", "#fadbd8", "#e8daef"]  # by layer, lowest first
 
@@ -142,7 +142,7 @@ def draw(members: dict[str, list[str]], edges: set[tuple[str, str]], out: Path) 
             ax.text(x, y - BOX_H * 0.36, "\n".join(textwrap.wrap(line, int(chars * 1.1))),
                     ha="center", va="center", fontsize=7.5, zorder=3, color="#7b241c", style="italic")
 
-    ax.set_title("transformer/ by layer (scripts/import_graph.py's LAYERS, lowest at the bottom). "
+    ax.set_title("transformer/ by layer (scripts/plots/import_graph.py's LAYERS, lowest at the bottom). "
                  "An arrow is an import that no path of arrows implies\n(dashed: past a layer); "
                  "each box lists, in italics, every subpackage or shared module it imports.",
                  fontsize=11, loc="left")
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     members, edges = boxes(args.root)
     missing = sorted(g for g in members if g not in LAYERS)
     if missing:
-        print("plot_architecture: in no layer (scripts/import_graph.py LAYERS): " + ", ".join(missing),
+        print("plot_architecture: in no layer (scripts/plots/import_graph.py LAYERS): " + ", ".join(missing),
               file=sys.stderr)
         return 1
     draw(members, edges, args.out)

@@ -1,10 +1,10 @@
 """A sentence pair's way through the package, as a picture (docs/dataflow.png).
 
-    python scripts/plot_dataflow.py                      # writes docs/dataflow.png
-    python scripts/plot_dataflow.py --out /tmp/flow.png  # elsewhere
+    python scripts/plots/plot_dataflow.py                      # writes docs/dataflow.png
+    python scripts/plots/plot_dataflow.py --out /tmp/flow.png  # elsewhere
 
 From corpus files on disk to LibreTranslate's answer, one box per step, named by the
-module that does it and coloured by that module's layer (scripts/import_graph.py's
+module that does it and coloured by that module's layer (scripts/plots/import_graph.py's
 LAYERS, the colours of docs/architecture.png). The steps are written here, the modules
 are checked against the code each time: a step whose module moved or vanished stops the
 script, so the picture cannot name a module that is not there.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from import_graph import LAYERS, group, read_graph
 from plot_architecture import COLOURS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # (what happens, the module that does it or None for data at rest, column, row); rows from
 # the top: preparation, training, deployment; mt-translate's way branches off the checkpoint.

@@ -5,9 +5,9 @@ PYTHONPATH), so it uses only what every `Translator` has: `Translator.load(path)
 `translate(lines, **settings)`. It prints sentences/s of the translate calls (not the
 process's start or the load) and the CPU.
 
-    python scripts/bench_translator.py --make /tmp/bench_ckpt           # a random small model
-    python scripts/bench_translator.py /tmp/bench_ckpt --lines 200 --method greedy
-    PYTHONPATH=../other-checkout python scripts/bench_translator.py /tmp/bench_ckpt
+    python scripts/bench/bench_translator.py --make /tmp/bench_ckpt           # a random small model
+    python scripts/bench/bench_translator.py /tmp/bench_ckpt --lines 200 --method greedy
+    PYTHONPATH=../other-checkout python scripts/bench/bench_translator.py /tmp/bench_ckpt
 
 `--make DIR` writes a checkpoint of a randomly initialised small model
 (configs/model/small.yaml, seed 0) with a SentencePiece model trained on data/sample: a
@@ -21,7 +21,7 @@ import argparse
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT.parent / "shared" / "data" / "eval" / "tatoeba-test.it",
            Path("/work/shared/data/eval/tatoeba-test.it"), ROOT / "data" / "sample" / "dev.it"]
 
