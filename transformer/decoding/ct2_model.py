@@ -192,8 +192,11 @@ class CT2Model:
                                             max_input_length=self.cfg.max_positions)
         return [list(r.log_probs) for r in found]
 
-    def search(self, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-        """src_ids (B, S) -> n-best lists, as `search.search` gives them for our model."""
+    def search(self, src_ids: torch.Tensor, cfg: DecodeConfig,
+               prefixes: list[list[int] | None] | None = None) -> list[list[Hypothesis]]:
+        """src_ids (B, S) -> n-best lists, as `search.search` gives them for our model;
+        prefixes: None, or per sentence the ids its output starts with (CTranslate2's
+        target_prefix; cfg.no_repeat_ngram_size is its option of that name too)."""
         if src_ids.size(1) > self.cfg.max_positions:
             raise ValueError(f"sequence of {src_ids.size(1)} tokens exceeds model "
                              f"max_positions={self.cfg.max_positions}")
@@ -203,19 +206,23 @@ class CT2Model:
         groups = []  # one max_decoding_length per call; all calls submitted before any is awaited
         for limit in sorted(set(limits)):
             rows = [i for i, n in enumerate(limits) if n == limit]
-            groups.append((rows, limit, self._submit([src[i] for i in rows], limit, cfg)))
+            prefix = [prefixes[i] for i in rows] if prefixes is not None else None
+            groups.append((rows, limit, self._submit([src[i] for i in rows], limit, cfg, prefix)))
         for rows, limit, pending in groups:
             found = [p.result() for p in pending]
             for i, hyps in zip(rows, self._nbest([src[i] for i in rows], found, limit, cfg), strict=True):
                 results[i] = hyps
         return results
 
-    def _submit(self, src: list[list[int]], limit: int, cfg: DecodeConfig) -> list:
+    def _submit(self, src: list[list[int]], limit: int, cfg: DecodeConfig,
+                prefix: list[list[int] | None] | None = None) -> list:
         """Start translating sentences that share the length limit (asynchronously, in
         sub-batches the workers share)."""
         k, lp = _width_and_lenpen(cfg)
+        target_prefix = None if prefix is None else [self._pieces(p) if p else None for p in prefix]
         return self.translator.translate_batch(
-            [self._pieces(s) for s in src], beam_size=k, num_hypotheses=k, length_penalty=lp,
+            [self._pieces(s) for s in src], target_prefix, beam_size=k,
+            no_repeat_ngram_size=cfg.no_repeat_ngram_size, num_hypotheses=k, length_penalty=lp,
             max_decoding_length=limit, min_decoding_length=cfg.min_len,
             max_input_length=self.cfg.max_positions, return_scores=True,
             max_batch_size=self.sub_batch, batch_type="tokens", asynchronous=True)

@@ -19,17 +19,28 @@ same lines from a file with the same settings; `translate_iterable` is
 settings are `config.DecodeConfig`'s fields by name, checked as mt-translate checks them;
 a bad one raises `ConfigError` naming the keyword (`beam_size=0: must be >= 1`).
 
-Nothing here changes the process: `threads` holds for the translator's own calls only
-(`arguments.torch_threads`), and glibc's allocator is left as it is (the `mt-*`
-commands, which own their process, tune it: `device.keep_large_blocks_in_the_heap`).
+Loading changes nothing process-wide: glibc's allocator is left as it is (the `mt-*`
+commands, which own their process, tune it: `device.keep_large_blocks_in_the_heap`) and
+so are torch's threads. One thing a call does change for the whole process: `threads`
+sets torch's intra-op thread count (a process-wide setting) while the translator's calls
+run, and restores it when the last of them ends (`arguments.torch_threads`); other torch
+work running meanwhile runs with that count too.
+
+Threads: one Translator may serve several Python threads at once. Each call keeps its
+settings to itself (nothing a call is given is written on the Translator), the model is
+put in eval mode once, when the Translator is made, and never flipped by a call, and the
+batch sizes are resolved once (`max_tokens`, `max_batch_size`), so each thread gets what
+the same calls made one after another would give. Not safe: changing the Translator's
+`decode`, or the model itself (`model.train()`, new weights), while calls run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -37,6 +48,7 @@ import torch
 
 from transformer.checkpoint import load_model
 from transformer.config import ConfigError, DecodeConfig, at_most_workers, check_device, positive
+from transformer.data.corpus import normalize
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import (
     SETTINGS,
@@ -50,8 +62,9 @@ from transformer.decoding.arguments import (
 )
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.scoring import score_lines
-from transformer.decoding.stream import input_ready, iter_nbest
-from transformer.decoding.text import decode_settings, translate_nbest
+from transformer.decoding.stream import input_ready, windows
+from transformer.decoding.text import Unit, _inference_mode, decode_settings, translate_nbest
+from transformer.decoding.tokens import line_details
 from transformer.device import resolve_device
 from transformer.model.transformer import Transformer
 
@@ -64,10 +77,30 @@ class Translation:
     """A translation and its score: the search's own, the sum of the log-probabilities of
     its tokens and EOS over GNMT's length penalty ((5 + |y|) / 6) ** lenpen; for a line of
     several sentences, the sum of its sentences' scores. `Translator.score` gives the same
-    number for the same text."""
+    number for the same text, and for `tokens` exactly (module `tokens.py`).
+
+    With `return_scores=True` also:
+        tokens: the target pieces (no BOS or EOS), the line's sentences one after another.
+        token_scores: the log-probability of each piece and, after each sentence's last
+            piece, of its EOS: for a line of one sentence len(tokens) + 1 entries, EOS
+            last, and score == sum(token_scores) / ((5 + len(tokens) + 1) / 6) ** lenpen.
+    With `return_attention=True` also:
+        source_tokens: the source pieces, the line's sentences one after another.
+        attention: a row per entry of token_scores, a column per source piece: the last
+            decoder layer's cross-attention, averaged over its heads (each row sums to 1
+            over its own sentence's source pieces).
+        alignment: the source piece (an index into source_tokens) each target piece
+            attends to most.
+    Only `text` and `score` take part in equality.
+    """
 
     text: str
     score: float
+    tokens: list[str] | None = field(default=None, compare=False)
+    token_scores: list[float] | None = field(default=None, compare=False)
+    source_tokens: list[str] | None = field(default=None, compare=False, repr=False)
+    attention: list[list[float]] | None = field(default=None, compare=False, repr=False)
+    alignment: list[int] | None = field(default=None, compare=False, repr=False)
 
 
 class Translator:
@@ -75,9 +108,11 @@ class Translator:
 
     Build one with `Translator.load(path)`. `model` is a `Transformer` or an export's
     `ct2_model.CT2Model`; `tokenizer` its SentencePiece model; `device` where it runs;
-    `decode` the settings `translate` starts from; `threads` torch's threads during its
-    calls (None: torch's setting as it is). Several Python threads may share one
-    Translator if they share its `threads`: torch's thread count is the process's.
+    `decode` the settings `translate` starts from, their batch sizes resolved once
+    (`max_tokens`, `max_batch_size`: the same inputs always batch alike); `threads`
+    torch's threads during its calls (None: torch's setting as it is). Several Python
+    threads may share one Translator (module docstring): torch's thread count is the
+    process's, so they should share its `threads`.
     """
 
     def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *,
@@ -85,15 +120,21 @@ class Translator:
                  path: Path | None = None, threads: int | None = None) -> None:
         """A Translator for a `Transformer` or `CT2Model` already in memory on `device`
         (None: where its weights are), with its tokenizer; `decode`: the settings
-        `translate` starts from (checked here); `path`: where it came from (for `repr`);
-        `threads`: torch's threads during its calls (not an export's: `load` sets those)."""
+        `translate` starts from (checked here, and its device-dependent defaults filled in
+        once: `text.decode_settings`); `path`: where it came from (for `repr`); `threads`:
+        torch's threads during its calls (not an export's: `load` sets those). A
+        `Transformer` is put in eval mode here, once."""
         model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
         if device is None:
             device = model.device if isinstance(model, CT2Model) else next(model.parameters()).device
+        device = torch.device(device)
         with as_arguments():
             positive("threads", threads, optional=True)
-            self.decode = decode_config(DecodeConfig() if decode is None else decode, {})
-        self.model, self.tokenizer, self.device, self.path = model, tokenizer, torch.device(device), path
+            settings = decode_config(DecodeConfig() if decode is None else decode, {})
+            self.decode = decode_settings(settings, device, model)
+        if not isinstance(model, CT2Model):
+            model.eval()  # once: calls never flip it (threads may share the model)
+        self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
         self.threads = None if isinstance(model, CT2Model) else threads
 
     @classmethod
@@ -153,7 +194,9 @@ class Translator:
                   **settings: Any) -> list[list[Translation]]: ...
 
     def translate(self, lines: str | Iterable[str], *, nbest: int | None = None,
-                  return_scores: bool = False, **settings: Any) -> Any:
+                  return_scores: bool = False, return_attention: bool = False,
+                  target_prefix: str | Iterable[str | None] | None = None,
+                  **settings: Any) -> Any:
         """Translate lines, as `mt-translate` translates the lines of a file.
 
         Each line is normalised and split into sentences, translated together (batched by
@@ -165,29 +208,80 @@ class Translator:
             nbest: None: each line's best translation. k: each line's k best, best first,
                 as a list (mt-translate's `decode.nbest`; needs `method="beam"` and
                 k <= beam_size; an empty line gives [""]).
-            return_scores: give `Translation(text, score)`s instead of strings: the
-                search's length-normalised score; for a line of several sentences, the sum
-                of theirs (n-best: the k-th entry joins the sentences' k-th hypotheses).
-                An empty line scores 0.0.
+            return_scores: give `Translation`s instead of strings: the search's
+                length-normalised score (for a line of several sentences, the sum of
+                theirs; n-best: the k-th entry joins the sentences' k-th hypotheses; an
+                empty line scores 0.0), the target pieces (`tokens`) and their
+                log-probabilities (`token_scores`).
+            return_attention: (implies return_scores) also `source_tokens`, `attention`
+                and `alignment` (`Translation`); a checkpoint's only.
+            target_prefix: a text per line (a str for a single line), or None: each
+                translation starts with that text's pieces, forced and scored as the
+                model scores them (a line of several sentences: its first sentence).
             **settings: this call's decode settings, by `DecodeConfig` field name
                 (`method`, `beam_size`, `lenpen`, `max_len_a`, `max_len_b`, `min_len`,
-                `max_tokens`, `precision`, `split_sentences`); the others are the
-                Translator's (`load`'s, else beam 5, lenpen 0.6).
+                `no_repeat_ngram_size`, `max_tokens`, `max_batch_size`, `precision`,
+                `split_sentences`); the others are the Translator's (`load`'s, else beam
+                5, lenpen 0.6).
 
         Returns:
             One result per line (for a single str, its result): a str, a `Translation`
             with `return_scores`, and with `nbest` a list of those.
 
         Raises:
-            ConfigError: a bad setting (the message names the keyword, e.g. `beam_size=0`).
+            ConfigError: a bad setting (the message names the keyword, e.g. `beam_size=0`),
+                a prefix longer than its line's length limit, attention of an export.
             TypeError: a line that is not a str, or bytes given for lines.
+            ValueError: not one target_prefix per line.
         """
         batch, single = as_lines(lines)
         cfg = self._config(settings, nbest)
-        with as_arguments(), torch_threads(self.threads):
-            found = translate_nbest(self.model, self.tokenizer, batch, cfg, self.device)
-        out = [_shaped(hyps, nbest, return_scores) for hyps in found]
+        prefixes = self._prefixes(target_prefix, len(batch), single)
+        out = self._translate(batch, cfg, nbest, return_scores or return_attention,
+                              return_attention, prefixes)
         return out[0] if single else out
+
+    def _translate(self, batch: list[str], cfg: DecodeConfig, nbest: int | None, scores: bool,
+                   attention: bool, prefixes: list[list[int] | None] | None = None,
+                   first_line: int = 1) -> list[Any]:
+        """One batch of lines translated and shaped as `translate` returns them."""
+        units: list[Unit] | None = [] if scores else None
+        with as_arguments(), torch_threads(self.threads):
+            if attention and isinstance(self.model, CT2Model):
+                raise ConfigError("return_attention=True: an exported model gives no attention "
+                                  "here (CTranslate2's score_batch returns none); use the checkpoint")
+            found = translate_nbest(self.model, self.tokenizer, batch, cfg, self.device,
+                                    first_line=first_line, prefixes=prefixes, units=units)
+            details = None
+            if units is not None:
+                cfg = decode_settings(cfg, self.device, self.model)
+                with self._inference(cfg):
+                    details = line_details(self.model, self.tokenizer, units, found,
+                                           cfg.max_tokens, self.device, attention, cfg.min_len)
+        return [_shaped(hyps, nbest, scores, details[i] if details else None)
+                for i, hyps in enumerate(found)]
+
+    def _inference(self, cfg: DecodeConfig):
+        exported = isinstance(self.model, CT2Model)
+        return contextlib.nullcontext() if exported else _inference_mode(self.model, cfg.precision,
+                                                                          self.device)
+
+    def _prefixes(self, target_prefix: object, n: int, single: bool) -> list[list[int] | None] | None:
+        """target_prefix checked (one str or None per line) and encoded."""
+        if target_prefix is None:
+            return None
+        if isinstance(target_prefix, str) != single and not (single and target_prefix is None):
+            raise TypeError("target_prefix: give a str with a single line, a list of str "
+                            "(or None) with a list of lines")
+        texts = [target_prefix] if single else list(target_prefix)  # type: ignore[call-overload]
+        if len(texts) != n:
+            raise ValueError(f"target_prefix holds {len(texts)} entries for {n} lines: give one "
+                             "per line (None for none)")
+        for i, t in enumerate(texts):
+            if t is not None and not isinstance(t, str):
+                raise TypeError(f"target_prefix[{i}] is a {type(t).__name__}, not a str or None")
+        ids = [self.tokenizer.encode([normalize(t)])[0] if t else None for t in texts]
+        return ids if any(ids) else None
 
     @overload
     def translate_iterable(self, lines: Iterable[str], *, nbest: None = None,
@@ -203,7 +297,8 @@ class Translator:
                            **settings: Any) -> Iterator[list[Translation]]: ...
 
     def translate_iterable(self, lines: Iterable[str], *, nbest: int | None = None,
-                           return_scores: bool = False, **settings: Any) -> Iterator[Any]:
+                           return_scores: bool = False, return_attention: bool = False,
+                           **settings: Any) -> Iterator[Any]:
         """Translate any iterable of lines lazily: one result per line, in input order.
 
         Lines are read a decoding batch's worth at a time (`max_tokens` source tokens, at
@@ -211,7 +306,8 @@ class Translator:
         before more are read: a million-line generator is never held whole. From a file
         object with a descriptor (`sys.stdin`, a pipe), a batch also ends when no further
         line is waiting: an interactive input gets each line back at once. `nbest`,
-        `return_scores` and the settings are `translate`'s, checked at the call.
+        `return_scores`, `return_attention` and the settings are `translate`'s, checked
+        at the call (a per-line `target_prefix` is `translate`'s alone).
 
         Raises:
             ConfigError: a bad setting, at the call (named by its keyword).
@@ -221,17 +317,32 @@ class Translator:
         check_iterable(lines)
         cfg = self._config(settings, nbest)
         with as_arguments():
-            found = iter_nbest(self.model, self.tokenizer, lines, cfg, self.device,
-                               ready=input_ready(lines), around=lambda: torch_threads(self.threads))
-        return _results(found, nbest, return_scores)
+            cfg = decode_settings(cfg, self.device, self.model)  # a bad setting before any line
+        return self._iterate(lines, cfg, nbest, return_scores or return_attention, return_attention)
+
+    def _iterate(self, lines: Iterable[str], cfg: DecodeConfig, nbest: int | None, scores: bool,
+                 attention: bool) -> Iterator[Any]:
+        done = 0
+        with as_arguments():  # errors raised while the lines are read
+            for window in windows(lines, self.tokenizer, cfg.max_tokens, input_ready(lines)):
+                yield from self._translate(window, cfg, nbest, scores, attention, None, done + 1)
+                done += len(window)
 
     @overload
-    def score(self, sources: str, targets: str, **settings: Any) -> float: ...
+    def score(self, sources: str, targets: str | list[str], *,
+              return_tokens: Literal[False] = False, **settings: Any) -> float: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str], **settings: Any) -> list[float]: ...
+    def score(self, sources: str, targets: str | list[str], *, return_tokens: Literal[True],
+              **settings: Any) -> tuple[float, list[float]]: ...
+    @overload
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+              return_tokens: Literal[False] = False, **settings: Any) -> list[float]: ...
+    @overload
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+              return_tokens: Literal[True], **settings: Any) -> list[tuple[float, list[float]]]: ...
 
-    def score(self, sources: str | Iterable[str], targets: str | Iterable[str],
-              **settings: Any) -> float | list[float]:
+    def score(self, sources: str | Iterable[str], targets: str | list[str] | Iterable[str | list[str]],
+              *, return_tokens: bool = False, **settings: Any) -> Any:
         """The model's score of each given translation, as the search scores its own:
         `translate(line, return_scores=True).score` for the text it gave back.
 
@@ -239,29 +350,38 @@ class Translator:
         ((5 + |y|) / 6) ** lenpen; a line's translation is split by the sentence splitter
         and each part scored against the source's sentence, the scores summed (a line
         whose parts do not match its sentences in number is scored whole, with a
-        warning). The text is tokenised again: a text `translate` gave back scores as its
-        search scored it when SentencePiece encodes it to the pieces the search chose.
+        warning). A text is tokenised again: a text `translate` gave back scores as its
+        search scored it when SentencePiece encodes it to the pieces the search chose. A
+        translation given as its pieces (`Translation.tokens`) is scored as it is: for a
+        line of one sentence, exactly the search's score (a line of several sentences is
+        scored whole: use split_sentences=False on both calls for those).
 
         Args:
             sources: the Italian lines (or one str).
-            targets: their translations, one per source (a str with a str).
+            targets: their translations, one per source (a str with a str): each a text
+                or a list of pieces.
+            return_tokens: give (score, token_scores) per line: the log-probability of
+                each piece and of each sentence's EOS, as `Translation.token_scores`.
             **settings: as for `translate`; `lenpen`, `split_sentences`, `max_tokens`,
                 `precision` apply, and for an export `min_len` (module docstring).
 
         Returns:
-            A float per line (for a str, one float).
+            A float per line (for a str, one float); with return_tokens a
+            (float, list of floats) per line.
 
         Raises:
             ConfigError: a bad setting. TypeError: lines that are not str.
-            ValueError: sources and targets of different lengths, or a translation longer
-                than the model writes.
+            ValueError: sources and targets of different lengths, a translation longer
+                than the model writes, or a piece not in the vocabulary.
         """
         src, tgt, single = as_pairs(sources, targets)
         cfg = self._config(settings, None)
+        details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
             cfg = decode_settings(cfg, self.device, self.model)
-            scores = score_lines(self.model, self.tokenizer, src, tgt, cfg, self.device)
-        return scores[0] if single else scores
+            scores = score_lines(self.model, self.tokenizer, src, tgt, cfg, self.device, details)
+        out = scores if details is None else list(zip(scores, details, strict=True))
+        return out[0] if single else out
 
     def _config(self, settings: dict[str, Any], nbest: int | None) -> DecodeConfig:
         with as_arguments():  # this call's settings, checked (a ConfigError names the keyword)
@@ -308,15 +428,10 @@ def _warn_if_spinning(threads: int) -> None:
                     "docs/decoding.md, 'Nothing process-wide')", load, cores)
 
 
-def _results(found: Iterator[list[tuple[str, float]]], nbest: int | None,
-             scores: bool) -> Iterator[Any]:
-    with as_arguments():  # errors raised while the lines are read and translated
-        for hyps in found:
-            yield _shaped(hyps, nbest, scores)
-
-
-def _shaped(hyps: list[tuple[str, float]], nbest: int | None, scores: bool) -> Any:
-    """A line's n-best list as `translate` returns it."""
-    if nbest is None:
-        return Translation(*hyps[0]) if scores else hyps[0][0]
-    return [Translation(*h) for h in hyps] if scores else [text for text, _ in hyps]
+def _shaped(hyps: list[tuple[str, float]], nbest: int | None, scores: bool,
+            details: list[dict] | None = None) -> Any:
+    """A line's n-best list as `translate` returns it (details: each entry's token-level
+    fields, `tokens.line_details`)."""
+    found = [Translation(*h, **(details[k] if details else {})) if scores else h[0]
+             for k, h in enumerate(hyps)]
+    return found[0] if nbest is None else found
