@@ -273,7 +273,7 @@ def test_the_package_is_typed():
     returns = {typing.get_type_hints(f)["return"] for f in overloads}
     assert {str, list[str], Translation, list[list[Translation]]} <= returns
     assert len(typing.get_overloads(Translator.translate_iterable)) == 4
-    assert len(typing.get_overloads(Translator.score)) == 2
+    assert len(typing.get_overloads(Translator.score)) == 4  # str or iterable x return_tokens
 
 
 # --- scores, lazy iteration, forced scoring --------------------------------------------

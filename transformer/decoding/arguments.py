@@ -174,13 +174,30 @@ def as_lines(lines: object, name: str = "lines") -> tuple[list[str], bool]:
     return found, single
 
 
-def as_pairs(sources: object, targets: object) -> tuple[list[str], list[str], bool]:
-    """`Translator.score`'s arguments as two lists of as many str, and whether both were
-    a single str; TypeError or ValueError naming what does not fit."""
+def as_pairs(sources: object, targets: object) -> tuple[list[str], list[str | list[str]], bool]:
+    """`Translator.score`'s arguments as two lists of as many entries, and whether a single
+    str source was given; TypeError or ValueError naming what does not fit.
+
+    A target is a text or a list of pieces: with a single str source, `targets` is one
+    of those; with a list of sources, a list of them, one per source.
+    """
     src, single = as_lines(sources, "sources")
-    tgt, single_target = as_lines(targets, "targets")
-    if single != single_target:
-        raise TypeError("give sources and targets both as a str, or both as lists of str")
+    if single:
+        if not isinstance(targets, (str, list)):
+            raise TypeError("give sources and targets both as a str (or a str and a list of "
+                            "pieces), or both as lists")
+        tgt: list = [targets]
+    else:
+        check_lines(targets, "targets")
+        if isinstance(targets, str):
+            raise TypeError("give sources and targets both as a str, or both as lists of str")
+        tgt = list(targets)  # type: ignore[call-overload]
+    for i, target in enumerate(tgt):
+        pieces = isinstance(target, list) and all(isinstance(p, str) for p in target)
+        if not isinstance(target, str) and not pieces:
+            hint = ": decode it first" if isinstance(target, (bytes, bytearray, memoryview)) else ""
+            what = "list holding a non-str" if isinstance(target, list) else type(target).__name__
+            raise TypeError(f"targets[{i}] is a {what}, not a str or a list of pieces (str){hint}")
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} sources but {len(tgt)} targets: give one translation "
                          "per source line")

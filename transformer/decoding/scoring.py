@@ -147,7 +147,7 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
     units: list[list[list[int]]] = [[] for _ in sources]
     for owner, ids in zip(segs.owner, segs.ids, strict=True):
         units[owner].append(ids)
-    parts = [[t] if isinstance(t, list) else
+    parts = [[t][:len(t)] if isinstance(t, list) else  # no pieces: no part, as ""
              split_sentences(t) if cfg.split_sentences else [t for t in [normalize(t)] if t]
              for t in targets]
     src: list[list[int]] = []
