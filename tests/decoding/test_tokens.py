@@ -71,6 +71,7 @@ def check_tokens(translator: Translator, keywords: dict, lenpen: float) -> None:
                                    return_tokens=True, **keywords)
     for (score, token_scores), (_, t) in zip(with_tokens, single, strict=True):
         assert token_scores == pytest.approx(t.token_scores, abs=1e-4)
+        assert score == pytest.approx(t.score, abs=1e-4)
     unsplit = dict(keywords, split_sentences=False)  # every line, two sentences included
     found = translator.translate(LINES, return_scores=True, **SHORT, **unsplit)
     hyps = entries(found)
@@ -92,7 +93,7 @@ def test_an_exports_tokens_score_as_its_search(ending, keywords, tmp_path):
     out = export(ExportConfig(checkpoint=str(ending), output=str(tmp_path / "ct2")))
     translator = Translator.load(out, device="cpu", threads=1)
     check_tokens(translator, keywords, keywords.get("lenpen", 0.6))
-    with pytest.raises(ConfigError, match="^return_attention=True: an exported model gives no attention"):
+    with pytest.raises(ConfigError, match=r"^return_attention=True: an exported model gives no attention"):
         translator.translate("Ciao", return_attention=True)
 
 
