@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Sequence
 
 import torch
@@ -100,15 +99,7 @@ def _ct2_totals(model: CT2Model, src: Sequence[list[int]], tgt: Sequence[list[in
     """An export's sums, as its search scores: `score_batch`'s log-probabilities, plus
     -log(1 - p(EOS | y_<t)) for each token step t < min_len (CTranslate2 renormalises the
     steps where EOS is masked)."""
-    totals = [sum(lp) for lp in model.score(list(src), list(tgt))]
-    for t in range(min_len):
-        rows = [i for i, ids in enumerate(tgt) if len(ids) > t]
-        if not rows:
-            break
-        eos = model.score([src[i] for i in rows], [tgt[i][:t] for i in rows])
-        for i, lp in zip(rows, eos, strict=True):
-            totals[i] -= math.log1p(-math.exp(min(lp[-1], -1e-12)))
-    return totals
+    return [sum(lp) for lp in model.log_probs(list(src), list(tgt), min_len)]
 
 
 def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],

@@ -18,13 +18,12 @@ Attention: the cross-attention of the last decoder layer, averaged over its head
 is computed beside the model's forward, from the model's own modules, without setting
 anything on them (`MultiHeadAttention.store_weights` would be state shared by every
 thread that uses the model). An export gives log-probabilities only
-(`ct2_model.CT2Model.score` with CTranslate2's `score_batch`, min_len's renormalisation
-added as `scoring.unit_scores` adds it); its attention is refused.
+(`ct2_model.CT2Model.log_probs`: CTranslate2's `score_batch`, with min_len's
+renormalisation as `scoring.unit_scores` adds it); its attention is refused.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,7 +63,7 @@ def token_details(model, src: Sequence[list[int]], tgt: Sequence[list[int]], max
             raise ConfigError("return_attention=True: an exported model gives no attention "
                               "here (CTranslate2's score_batch returns none); translate with "
                               "the checkpoint for attention")
-        return [TokenDetail(lp) for lp in _ct2_log_probs(model, src, tgt, min_len)]
+        return [TokenDetail(lp) for lp in model.log_probs(list(src), list(tgt), min_len)]
     found: list[TokenDetail] = [TokenDetail([]) for _ in src]
     lengths = [max(len(s), len(t) + 1, 1) for s, t in zip(src, tgt, strict=True)]
     for batch in length_batches(lengths, max_tokens):
@@ -122,21 +121,6 @@ def _decode_with_attention(model, src_ids: torch.Tensor, tgt_in: torch.Tensor,
     weights = attention_weights(q, k, src_mask).float().mean(dim=1)  # (B, T, S)
     x = last(x, memory, tgt_mask, src_mask)
     return model.out_proj(model.decoder_norm(x)), weights
-
-
-def _ct2_log_probs(model: CT2Model, src: Sequence[list[int]], tgt: Sequence[list[int]],
-                   min_len: int) -> list[list[float]]:
-    """An export's per-token log-probabilities as its search counts them: `score_batch`'s,
-    each token step t < min_len renormalised by -log(1 - p(EOS | y_<t))."""
-    found = [list(lp) for lp in model.score(list(src), list(tgt))] if src else []
-    for t in range(min_len):
-        rows = [i for i, ids in enumerate(tgt) if len(ids) > t]
-        if not rows:
-            break
-        eos = model.score([src[i] for i in rows], [tgt[i][:t] for i in rows])
-        for i, lp in zip(rows, eos, strict=True):
-            found[i][t] -= math.log1p(-math.exp(min(lp[-1], -1e-12)))
-    return found
 
 
 def alignment(attention: list[list[float]], n_tokens: int) -> list[int]:
