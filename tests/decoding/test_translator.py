@@ -486,6 +486,11 @@ def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
     code = translator_examples(page)
     for needed in ("return_scores=True", "nbest=3", "translate_iterable(", ".score("):
         assert needed in code, f"{page.name} shows no {needed}"
+    if page.name == "decoding.md":  # and #59's features
+        for needed in ("t.token_scores", "return_attention=True", "return_tokens=True",
+                       "target_prefix=", "no_repeat_ngram_size=", "max_batch_size=",
+                       "ThreadPoolExecutor"):
+            assert needed in code, f"{page.name} shows no {needed}"
     code, n = re.subn(r'"runs/\w+/checkpoints/best"', repr(str(words)), code)
     assert n == 1
     monkeypatch.setattr("builtins.print", lambda *args, **kwargs: None)
