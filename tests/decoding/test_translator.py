@@ -373,7 +373,11 @@ def test_score_refuses_what_it_cannot_pair(words):
     with pytest.raises(ValueError, match="2 sources but 1 targets"):
         translator.score(["Ciao", "Sì"], ["Hi"])
     with pytest.raises(TypeError, match="both as a str, or both as lists"):
-        translator.score("Ciao", ["Hi"])
+        translator.score(["Ciao"], "Hi")
+    with pytest.raises(TypeError, match=r"both as a str \(or a str and a list of pieces\)"):
+        translator.score("Ciao", ("Hi",))
+    with pytest.raises(ValueError, match=r"^targets\[0\]: 'Hi' is not a piece of this model's vocabulary"):
+        translator.score("Ciao", ["Hi"])  # a str and a list: the list is pieces
     with pytest.raises(TypeError, match=r"targets\[1\] is a int"):
         translator.score(["Ciao", "Sì"], ["Hi", 3])
     with pytest.raises(ValueError, match="this model writes at most 31"):

@@ -36,11 +36,9 @@ the same calls made one after another would give. Not safe: changing the Transla
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -48,7 +46,6 @@ import torch
 
 from transformer.checkpoint import load_model
 from transformer.config import ConfigError, DecodeConfig, at_most_workers, check_device, positive
-from transformer.data.corpus import normalize
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import (
     SETTINGS,
@@ -62,9 +59,13 @@ from transformer.decoding.arguments import (
 )
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.scoring import score_lines
-from transformer.decoding.stream import input_ready, windows
-from transformer.decoding.text import Unit, _inference_mode, decode_settings, translate_nbest
-from transformer.decoding.tokens import line_details
+from transformer.decoding.text import decode_settings
+from transformer.decoding.translations import (
+    Translation,
+    encode_prefixes,
+    translate_batch,
+    translate_windows,
+)
 from transformer.device import resolve_device
 from transformer.model.transformer import Transformer
 
@@ -72,57 +73,21 @@ __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Translation:
-    """A translation and its score: the search's own, the sum of the log-probabilities of
-    its tokens and EOS over GNMT's length penalty ((5 + |y|) / 6) ** lenpen; for a line of
-    several sentences, the sum of its sentences' scores. `Translator.score` gives the same
-    number for the same text, and for `tokens` exactly (module `tokens.py`).
-
-    With `return_scores=True` also:
-        tokens: the target pieces (no BOS or EOS), the line's sentences one after another.
-        token_scores: the log-probability of each piece and, after each sentence's last
-            piece, of its EOS: for a line of one sentence len(tokens) + 1 entries, EOS
-            last, and score == sum(token_scores) / ((5 + len(tokens) + 1) / 6) ** lenpen.
-    With `return_attention=True` also:
-        source_tokens: the source pieces, the line's sentences one after another.
-        attention: a row per entry of token_scores, a column per source piece: the last
-            decoder layer's cross-attention, averaged over its heads (each row sums to 1
-            over its own sentence's source pieces).
-        alignment: the source piece (an index into source_tokens) each target piece
-            attends to most.
-    Only `text` and `score` take part in equality.
-    """
-
-    text: str
-    score: float
-    tokens: list[str] | None = field(default=None, compare=False)
-    token_scores: list[float] | None = field(default=None, compare=False)
-    source_tokens: list[str] | None = field(default=None, compare=False, repr=False)
-    attention: list[list[float]] | None = field(default=None, compare=False, repr=False)
-    alignment: list[int] | None = field(default=None, compare=False, repr=False)
-
-
 class Translator:
     """A model and its tokenizer, ready to translate lines of Italian into English.
 
-    Build one with `Translator.load(path)`. `model` is a `Transformer` or an export's
-    `ct2_model.CT2Model`; `tokenizer` its SentencePiece model; `device` where it runs;
-    `decode` the settings `translate` starts from, their batch sizes resolved once
-    (`max_tokens`, `max_batch_size`: the same inputs always batch alike); `threads`
-    torch's threads during its calls (None: torch's setting as it is). Several Python
-    threads may share one Translator (module docstring): torch's thread count is the
-    process's, so they should share its `threads`.
+    Build one with `Translator.load(path)`. `model`: a `Transformer` or a `CT2Model`;
+    `tokenizer` its SentencePiece model; `device` where it runs; `decode` the settings
+    `translate` starts from (batch sizes resolved once); `threads` torch's threads during
+    its calls. Python threads may share one (module docstring).
     """
 
     def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *,
                  device: torch.device | str | None = None, decode: DecodeConfig | None = None,
                  path: Path | None = None, threads: int | None = None) -> None:
-        """A Translator for a `Transformer` or `CT2Model` already in memory on `device`
-        (None: where its weights are), with its tokenizer; `decode`: the settings
-        `translate` starts from (checked here, and its device-dependent defaults filled in
-        once: `text.decode_settings`); `path`: where it came from (for `repr`); `threads`:
-        torch's threads during its calls (not an export's: `load` sets those). A
+        """A Translator for a model in memory on `device` (None: where its weights are);
+        `decode` is checked and its device defaults filled in once (`decode_settings`);
+        `path` is for `repr`; `threads` not an export's (`load` sets those). A
         `Transformer` is put in eval mode here, once."""
         model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
         if device is None:
@@ -143,24 +108,18 @@ class Translator:
         """Load a checkpoint directory or a CTranslate2 export (`mt-export`).
 
         Args:
-            path: a checkpoint directory (`model.safetensors`, `model.json`, ...) or an
-                export directory (`export.json` beside CTranslate2's files).
-            device: `auto` (CUDA where there is a GPU, else the CPU), `cpu`, `cuda` or
-                `cuda:N` (or a `torch.device`): mt-translate's `device`.
+            path: a checkpoint directory (`model.json`, ...) or an export (`export.json`).
+            device: `auto` (CUDA where there is a GPU), `cpu`, `cuda`, `cuda:N`.
             precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
-                native bf16, else fp32), `fp32`, `bf16` or `fp16` (CUDA only). An export
-                computes in the type it was exported with and takes only `auto`.
-            threads: CPU threads. A checkpoint: torch's, set for each of the translator's
-                calls and restored after it (None: torch's setting as it is). An export:
-                CTranslate2's workers, its own (None: 2). mt-translate's `threads`.
-            **settings: defaults for `translate`, by `DecodeConfig` field name
-                (`method="greedy"`, `beam_size=8`, ...; `nbest` is `translate`'s alone).
+                native bf16, else fp32), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
+            threads: a checkpoint: torch's threads during the calls (None: as they are);
+                an export: CTranslate2's workers (None: 2). mt-translate's `threads`.
+            **settings: defaults for `translate` by `DecodeConfig` field name (not `nbest`).
 
         Raises:
-            CheckpointError: `path` is not a checkpoint directory or an export, or is
-                incomplete or corrupt (the message names the path).
-            ConfigError: a bad device, thread count or setting (the message names the
-                keyword), or an export that needs ctranslate2 (`pip install -e ".[ct2]"`).
+            CheckpointError: not a checkpoint or an export, or a broken one (path named).
+            ConfigError: a bad device, thread count or setting (keyword named), or an
+                export without ctranslate2 (`pip install -e ".[ct2]"`).
         """
         with as_arguments():
             model, tokenizer, where, torch_device, decode = _open(path, str(device), precision,
@@ -199,89 +158,35 @@ class Translator:
                   **settings: Any) -> Any:
         """Translate lines, as `mt-translate` translates the lines of a file.
 
-        Each line is normalised and split into sentences, translated together (batched by
-        length) and joined again: one result per line, in input order; an empty line
-        gives "". All lines are read first (`translate_iterable` reads a batch at a time).
+        Each line is split into sentences, translated (batched by length) and joined
+        again: one result per line, in order; "" gives "". All lines are read first.
 
         Args:
             lines: the Italian lines; a single string is one line.
-            nbest: None: each line's best translation. k: each line's k best, best first,
-                as a list (mt-translate's `decode.nbest`; needs `method="beam"` and
-                k <= beam_size; an empty line gives [""]).
-            return_scores: give `Translation`s instead of strings: the search's
-                length-normalised score (for a line of several sentences, the sum of
-                theirs; n-best: the k-th entry joins the sentences' k-th hypotheses; an
-                empty line scores 0.0), the target pieces (`tokens`) and their
-                log-probabilities (`token_scores`).
-            return_attention: (implies return_scores) also `source_tokens`, `attention`
-                and `alignment` (`Translation`); a checkpoint's only.
-            target_prefix: a text per line (a str for a single line), or None: each
-                translation starts with that text's pieces, forced and scored as the
-                model scores them (a line of several sentences: its first sentence).
-            **settings: this call's decode settings, by `DecodeConfig` field name
-                (`method`, `beam_size`, `lenpen`, `max_len_a`, `max_len_b`, `min_len`,
-                `no_repeat_ngram_size`, `max_tokens`, `max_batch_size`, `precision`,
-                `split_sentences`); the others are the Translator's (`load`'s, else beam
-                5, lenpen 0.6).
+            nbest: None: each line's best. k: a list of its k best, best first (beam
+                search, k <= beam_size; an empty line gives [""]).
+            return_scores: give `Translation`s: the search's score (a line of several
+                sentences: the sum of theirs; an empty line: 0.0), `tokens`, `token_scores`.
+            return_attention: also `source_tokens`, `attention`, `alignment` (a checkpoint's).
+            target_prefix: a text per line (a str for a single line) or None: forced
+                first pieces, scored as the model scores them (`Translation`).
+            **settings: this call's decode settings, by `DecodeConfig` field name; the
+                others are the Translator's (`load`'s, else beam 5, lenpen 0.6).
 
-        Returns:
-            One result per line (for a single str, its result): a str, a `Translation`
-            with `return_scores`, and with `nbest` a list of those.
+        Returns per line (for a str, one) a str or a `Translation`; with `nbest` a list.
 
         Raises:
-            ConfigError: a bad setting (the message names the keyword, e.g. `beam_size=0`),
-                a prefix longer than its line's length limit, attention of an export.
-            TypeError: a line that is not a str, or bytes given for lines.
-            ValueError: not one target_prefix per line.
+            ConfigError: a bad setting (named: `beam_size=0`), a prefix past its line's
+                length limit, attention of an export.
+            TypeError: a line that is not a str, or bytes. ValueError: not one prefix a line.
         """
         batch, single = as_lines(lines)
         cfg = self._config(settings, nbest)
-        prefixes = self._prefixes(target_prefix, len(batch), single)
-        out = self._translate(batch, cfg, nbest, return_scores or return_attention,
-                              return_attention, prefixes)
-        return out[0] if single else out
-
-    def _translate(self, batch: list[str], cfg: DecodeConfig, nbest: int | None, scores: bool,
-                   attention: bool, prefixes: list[list[int] | None] | None = None,
-                   first_line: int = 1) -> list[Any]:
-        """One batch of lines translated and shaped as `translate` returns them."""
-        units: list[Unit] | None = [] if scores else None
+        prefixes = encode_prefixes(self.tokenizer, target_prefix, len(batch), single)
         with as_arguments(), torch_threads(self.threads):
-            if attention and isinstance(self.model, CT2Model):
-                raise ConfigError("return_attention=True: an exported model gives no attention "
-                                  "here (CTranslate2's score_batch returns none); use the checkpoint")
-            found = translate_nbest(self.model, self.tokenizer, batch, cfg, self.device,
-                                    first_line=first_line, prefixes=prefixes, units=units)
-            details = None
-            if units is not None:
-                cfg = decode_settings(cfg, self.device, self.model)
-                with self._inference(cfg):
-                    details = line_details(self.model, self.tokenizer, units, found,
-                                           cfg.max_tokens, self.device, attention, cfg.min_len)
-        return [_shaped(hyps, nbest, scores, details[i] if details else None)
-                for i, hyps in enumerate(found)]
-
-    def _inference(self, cfg: DecodeConfig):
-        exported = isinstance(self.model, CT2Model)
-        return contextlib.nullcontext() if exported else _inference_mode(self.model, cfg.precision,
-                                                                          self.device)
-
-    def _prefixes(self, target_prefix: object, n: int, single: bool) -> list[list[int] | None] | None:
-        """target_prefix checked (one str or None per line) and encoded."""
-        if target_prefix is None:
-            return None
-        if isinstance(target_prefix, str) != single and not (single and target_prefix is None):
-            raise TypeError("target_prefix: give a str with a single line, a list of str "
-                            "(or None) with a list of lines")
-        texts = [target_prefix] if single else list(target_prefix)  # type: ignore[call-overload]
-        if len(texts) != n:
-            raise ValueError(f"target_prefix holds {len(texts)} entries for {n} lines: give one "
-                             "per line (None for none)")
-        for i, t in enumerate(texts):
-            if t is not None and not isinstance(t, str):
-                raise TypeError(f"target_prefix[{i}] is a {type(t).__name__}, not a str or None")
-        ids = [self.tokenizer.encode([normalize(t)])[0] if t else None for t in texts]
-        return ids if any(ids) else None
+            out = translate_batch(self.model, self.tokenizer, batch, cfg, self.device, nbest,
+                                  return_scores or return_attention, return_attention, prefixes)
+        return out[0] if single else out
 
     @overload
     def translate_iterable(self, lines: Iterable[str], *, nbest: None = None,
@@ -301,13 +206,10 @@ class Translator:
                            **settings: Any) -> Iterator[Any]:
         """Translate any iterable of lines lazily: one result per line, in input order.
 
-        Lines are read a decoding batch's worth at a time (`max_tokens` source tokens, at
-        most that many lines), translated as `translate` translates them and given back
-        before more are read: a million-line generator is never held whole. From a file
-        object with a descriptor (`sys.stdin`, a pipe), a batch also ends when no further
-        line is waiting: an interactive input gets each line back at once. `nbest`,
-        `return_scores`, `return_attention` and the settings are `translate`'s, checked
-        at the call (a per-line `target_prefix` is `translate`'s alone).
+        Lines are read a decoding batch's worth at a time (`max_tokens` source tokens or
+        lines) and given back before more are read; from a file object with a descriptor
+        (`sys.stdin`, a pipe) a batch also ends when no further line is waiting. The
+        keywords are `translate`'s (but `target_prefix`), checked at the call.
 
         Raises:
             ConfigError: a bad setting, at the call (named by its keyword).
@@ -318,15 +220,9 @@ class Translator:
         cfg = self._config(settings, nbest)
         with as_arguments():
             cfg = decode_settings(cfg, self.device, self.model)  # a bad setting before any line
-        return self._iterate(lines, cfg, nbest, return_scores or return_attention, return_attention)
-
-    def _iterate(self, lines: Iterable[str], cfg: DecodeConfig, nbest: int | None, scores: bool,
-                 attention: bool) -> Iterator[Any]:
-        done = 0
-        with as_arguments():  # errors raised while the lines are read
-            for window in windows(lines, self.tokenizer, cfg.max_tokens, input_ready(lines)):
-                yield from self._translate(window, cfg, nbest, scores, attention, None, done + 1)
-                done += len(window)
+        return translate_windows(self.model, self.tokenizer, lines, cfg, self.device, nbest,
+                                 return_scores or return_attention, return_attention,
+                                 around=lambda: torch_threads(self.threads))
 
     @overload
     def score(self, sources: str, targets: str | list[str], *,
@@ -343,36 +239,22 @@ class Translator:
 
     def score(self, sources: str | Iterable[str], targets: str | list[str] | Iterable[str | list[str]],
               *, return_tokens: bool = False, **settings: Any) -> Any:
-        """The model's score of each given translation, as the search scores its own:
-        `translate(line, return_scores=True).score` for the text it gave back.
-
-        The log-probabilities of its tokens and EOS (teacher forcing), summed, over
-        ((5 + |y|) / 6) ** lenpen; a line's translation is split by the sentence splitter
-        and each part scored against the source's sentence, the scores summed (a line
-        whose parts do not match its sentences in number is scored whole, with a
-        warning). A text is tokenised again: a text `translate` gave back scores as its
-        search scored it when SentencePiece encodes it to the pieces the search chose. A
-        translation given as its pieces (`Translation.tokens`) is scored as it is: for a
-        line of one sentence, exactly the search's score (a line of several sentences is
-        scored whole: use split_sentences=False on both calls for those).
+        """The model's score of each given translation, as the search scores its own
+        (`scoring.score_lines`). A text is tokenised again; pieces (`Translation.tokens`)
+        are scored as they are: the search's score for a line of one sentence.
 
         Args:
             sources: the Italian lines (or one str).
-            targets: their translations, one per source (a str with a str): each a text
-                or a list of pieces.
-            return_tokens: give (score, token_scores) per line: the log-probability of
-                each piece and of each sentence's EOS, as `Translation.token_scores`.
+            targets: one per source (one with a str): a text or a list of pieces.
+            return_tokens: give (score, token_scores) per line (`Translation.token_scores`).
             **settings: as for `translate`; `lenpen`, `split_sentences`, `max_tokens`,
-                `precision` apply, and for an export `min_len` (module docstring).
+                `precision` apply, and for an export `min_len`.
 
-        Returns:
-            A float per line (for a str, one float); with return_tokens a
-            (float, list of floats) per line.
+        Returns a float per line (for a str, one float); with return_tokens (float, list).
 
         Raises:
-            ConfigError: a bad setting. TypeError: lines that are not str.
-            ValueError: sources and targets of different lengths, a translation longer
-                than the model writes, or a piece not in the vocabulary.
+            ConfigError: a bad setting. TypeError: lines that are not str. ValueError:
+                unpaired lines, a target too long, a piece not in the vocabulary.
         """
         src, tgt, single = as_pairs(sources, targets)
         cfg = self._config(settings, None)
@@ -426,12 +308,3 @@ def _warn_if_spinning(threads: int) -> None:
                     "while they wait: set OMP_WAIT_POLICY=PASSIVE before importing torch "
                     "(greedy decoding ran 7x faster with it on a loaded 2-core CPU; "
                     "docs/decoding.md, 'Nothing process-wide')", load, cores)
-
-
-def _shaped(hyps: list[tuple[str, float]], nbest: int | None, scores: bool,
-            details: list[dict] | None = None) -> Any:
-    """A line's n-best list as `translate` returns it (details: each entry's token-level
-    fields, `tokens.line_details`)."""
-    found = [Translation(*h, **(details[k] if details else {})) if scores else h[0]
-             for k, h in enumerate(hyps)]
-    return found[0] if nbest is None else found
