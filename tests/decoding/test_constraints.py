@@ -142,3 +142,19 @@ def test_mt_translate_takes_the_ngram_rule_and_a_prefix_file(checkpoint, tmp_pat
     expected = Translator.load(checkpoint).translate(
         LINES, target_prefix=PREFIXES, method="greedy", no_repeat_ngram_size=2, **SHORT)
     assert printed == expected
+
+
+def test_mt_translate_refuses_a_prefix_file_it_cannot_pair(checkpoint, tmp_path, monkeypatch):
+    source, prefix = tmp_path / "in.it", tmp_path / "prefix.en"
+    source.write_text("Ciao\nSì\n")
+    prefix.write_text("Hi\n")
+    for overrides, message in [
+        ([f"input.file={source}"], f"mt-translate: error: input.prefix_file={prefix} has 1 line(s) "
+                                   "and the input 2: give one prefix line"),
+        ([], f"mt-translate: error: input.prefix_file='{prefix}': pairs its lines with input.file's"),
+    ]:
+        monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}",
+                                          f"input.prefix_file={prefix}", *overrides])
+        with pytest.raises(SystemExit) as exit_info:
+            translate_command.main()
+        assert str(exit_info.value.code).startswith(message)

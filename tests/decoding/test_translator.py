@@ -420,7 +420,7 @@ def test_translate_iterable_is_lazy_and_keeps_input_order(words):
 
 
 def test_threads_apply_to_the_translators_calls_only(words, monkeypatch):
-    from transformer.decoding import scoring, stream
+    from transformer.decoding import scoring, translations
     from transformer.decoding import translator as translator_module
 
     before = torch.get_num_threads()
@@ -432,8 +432,7 @@ def test_threads_apply_to_the_translators_calls_only(words, monkeypatch):
             return real(*args, **kwargs)
         return spy
 
-    monkeypatch.setattr(translator_module, "translate_nbest", spying(text_module.translate_nbest))
-    monkeypatch.setattr(stream, "translate_nbest", spying(text_module.translate_nbest))
+    monkeypatch.setattr(translations, "translate_nbest", spying(text_module.translate_nbest))
     monkeypatch.setattr(translator_module, "score_lines", spying(scoring.score_lines))
     threads = 1 if before > 1 else 2
     translator = Translator.load(words, threads=threads, method="greedy", **SHORT)
