@@ -23,7 +23,9 @@ translation, the scores summed, which is how a line's n-best score is made
 (`text.join_nbest`). The translation is cut into its parts by the same sentence splitter;
 a line whose translation does not split into as many sentences as its source (a sentence
 translated as two, a long sentence cut into pieces) is scored whole, source line against
-translation, with one warning naming the lines.
+translation, with one warning naming the lines. A translation given as a list of pieces
+(`Translation.tokens`) is not tokenised again: it is one part, so a source of one
+sentence scores it exactly as the search scored those pieces.
 """
 
 from __future__ import annotations
