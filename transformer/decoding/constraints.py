@@ -62,13 +62,14 @@ class Constraints:
                  step: int) -> torch.Tensor:
         """Apply the constraints in place to logits (R, V) of step `step` (t tokens written).
 
-        history (R, t + 1): BOS and the tokens each row wrote; sent (R,): the sentence of
-        each row (an index into the prefixes).
+        history (R, >= t + 1): BOS and the tokens each row wrote (a preallocated buffer
+        may be wider: columns past t are ignored); sent (R,): the sentence of each row
+        (an index into the prefixes).
         """
         if self.prefix is not None and step < self.prefix_len:
             force_prefix(logits, self.prefix[sent, step])
         if self.no_repeat_ngram_size:
-            ban_repeats(logits, history[:, 1:], self.no_repeat_ngram_size)
+            ban_repeats(logits, history[:, 1:step + 1], self.no_repeat_ngram_size)
         return logits
 
 
