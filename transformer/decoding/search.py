@@ -147,17 +147,17 @@ class _Stepper:
 
 def _forbid(logits: torch.Tensor, step: int, min_len: int, cfg,
             constraints: Constraints | None = None, history: torch.Tensor | None = None,
-            sent: torch.Tensor | None = None) -> torch.Tensor:
+            alive: torch.Tensor | None = None, w: int = 1) -> torch.Tensor:
     """Forbid padding and BOS always, and EOS before min_len: in place on logits (R, V)
     whose logsumexp is already taken. Three columns: no pass over (R, V). Then the
-    batch's `constraints` (a forced prefix, no repeated n-grams), given each row's
-    history (R, t+1) and sentence (R,)."""
+    batch's `constraints` (a forced prefix, no repeated n-grams; None: nothing more),
+    given the rows' history (R, t+1) and the sentence (A,) of each run of w rows."""
     logits[:, cfg.pad_id] = -math.inf
     logits[:, cfg.bos_id] = -math.inf
     if step < min_len:
         logits[:, cfg.eos_id] = -math.inf
     if constraints is not None:
-        constraints(logits, history, sent, step)
+        constraints(logits, history, alive.repeat_interleave(w) if w > 1 else alive, step)
     return logits
 
 
@@ -310,8 +310,8 @@ def beam_search(
             at_max = step >= max_len[alive]
             forced = (at_max[:, None].expand(a, w).reshape(-1), cfg.eos_id)
         top_scores, top_beam, top_tok = best_continuations(
-            _forbid(logits, step, min_len, cfg, constraints, stepper.tgt_ids,
-                    alive.repeat_interleave(w)), scores.view(-1) - lse, w, 2 * k, forced)
+            _forbid(logits, step, min_len, cfg, constraints, stepper.tgt_ids, alive, w),
+            scores.view(-1) - lse, w, 2 * k, forced)
         # EOS candidates among the first K finish; the first K others are the live beams.
         is_eos = top_tok == cfg.eos_id  # (A, 2K)
         ends = is_eos[:, :k] & top_scores[:, :k].isfinite()
@@ -375,7 +375,7 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig,
             max_len_b, min_len, no_repeat_ngram_size (its other fields are
             `text.translate_nbest`'s).
         prefixes: None, or per sentence the ids its output must start with (or None);
-            each no longer than the sentence's length limit (`text.check_prefixes`).
+            each no longer than the sentence's length limit (`text.first_unit_prefixes`).
 
     Returns:
         For each sentence, in input order, its n-best list of `Hypothesis`es, best first:
