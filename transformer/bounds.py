@@ -4,8 +4,9 @@ A setting past its bound is refused before any work, naming its key (the `valida
 each config class calls these): `decode.beam_size` at most MAX_BEAM_SIZE; worker
 processes and threads (`data.num_proc`, `trainer.num_threads`, `threads`) at most the
 CPU cores this process may use; lengths (`model.max_positions`, `data.max_len`) at most
-MAX_POSITIONS; batches (`data.max_tokens`, `trainer.val_max_tokens`) at most
-MAX_BATCH_TOKENS. Within those, a decoding batch can still ask for more memory than the
+MAX_POSITIONS; batches (`data.max_tokens`, `trainer.val_max_tokens`, `decode.max_tokens`,
+`decode.max_batch_size`) at most MAX_BATCH_TOKENS; `decode.no_repeat_ngram_size` at most
+MAX_NO_REPEAT_NGRAM. Within those, a decoding batch can still ask for more memory than the
 machine has: `available_memory` is what is free now, and decoding's own estimate of a
 batch's need, which refuses one that would not fit, is in
 `transformer/decoding/batch_memory.py` (it needs the typed configs, which this layer-0
@@ -20,6 +21,8 @@ from pathlib import Path
 import torch
 
 MAX_BEAM_SIZE = 128  # fairseq and OpenNMT-py recipes use 4-12; past ~50 BLEU only drops
+# `decode.no_repeat_ngram_size`: recipes use 2-4; each step compares every n-gram a row wrote
+MAX_NO_REPEAT_NGRAM = 16
 MAX_POSITIONS = 16384  # rows of the positional table: longer is a typo, not a model
 # Padded tokens in one batch (`data.max_tokens`, `trainer.val_max_tokens`): 16x the largest
 # shipped config (8192, the GPU recipes) and 36x the per-GPU batch of Ott et al. 2018

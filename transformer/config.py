@@ -20,7 +20,13 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.bounds import MAX_BATCH_TOKENS, MAX_BEAM_SIZE, MAX_POSITIONS, worker_limit
+from transformer.bounds import (
+    MAX_BATCH_TOKENS,
+    MAX_BEAM_SIZE,
+    MAX_NO_REPEAT_NGRAM,
+    MAX_POSITIONS,
+    worker_limit,
+)
 from transformer.errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -324,6 +330,10 @@ class DecodeConfig:
     # source tokens per decoding batch (a beam batch holds beam_size times more rows);
     # null: 2000 on CPU; on CUDA 8000, doubled up to 64000 as the free memory allows
     max_tokens: int | None = None
+    # sentences per decoding batch, beside max_tokens; null: as many as max_tokens allows
+    max_batch_size: int | None = None
+    # a hypothesis never repeats an n-gram of this size of its own output; 0: off
+    no_repeat_ngram_size: int = 0
     # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
     # fp32 | fp32 | bf16 | fp16 (CUDA only)
     precision: str = "auto"
@@ -350,6 +360,13 @@ class DecodeConfig:
                 "could be 0: need a + b >= 1")
         positive(f"{prefix}.min_len", self.min_len, minimum=0)
         positive(f"{prefix}.max_tokens", self.max_tokens, optional=True)
+        if self.max_tokens is not None:
+            _at_most(f"{prefix}.max_tokens", self.max_tokens, MAX_BATCH_TOKENS)
+        positive(f"{prefix}.max_batch_size", self.max_batch_size, optional=True)
+        if self.max_batch_size is not None:
+            _at_most(f"{prefix}.max_batch_size", self.max_batch_size, MAX_BATCH_TOKENS)
+        positive(f"{prefix}.no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
+        _at_most(f"{prefix}.no_repeat_ngram_size", self.no_repeat_ngram_size, MAX_NO_REPEAT_NGRAM)
         require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                 f"choose one of {', '.join(PRECISIONS)}")
 

@@ -7,6 +7,7 @@ process's start or the load) and the CPU.
 
     python scripts/bench/bench_translator.py --make /tmp/bench_ckpt           # a random small model
     python scripts/bench/bench_translator.py /tmp/bench_ckpt --lines 200 --method greedy
+    python scripts/bench/bench_translator.py /tmp/bench_ckpt --with return_scores=True   # a keyword
     PYTHONPATH=../other-checkout python scripts/bench/bench_translator.py /tmp/bench_ckpt
 
 `--make DIR` writes a checkpoint of a randomly initialised small model
@@ -18,6 +19,7 @@ the first `--lines` of tatoeba-test (the shared data), else of data/sample's dev
 from __future__ import annotations
 
 import argparse
+import ast
 import time
 from pathlib import Path
 
@@ -53,6 +55,9 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=200)
     parser.add_argument("--method", default="greedy", choices=["greedy", "beam"])
     parser.add_argument("--repeats", type=int, default=1, help="translate calls, each timed")
+    parser.add_argument("--with", dest="keywords", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword for translate (a Python literal: return_scores=True, "
+                             "no_repeat_ngram_size=3); repeatable")
     args = parser.parse_args()
     if args.make:
         make(args.make)
@@ -63,14 +68,16 @@ def main() -> None:
 
     source = next(p for p in SOURCES if p.is_file())
     lines = read_lines(source)[: args.lines]
+    keywords = {key: ast.literal_eval(value) for key, value in
+                (item.split("=", 1) for item in args.keywords)}
     translator = Translator.load(args.checkpoint, device="cpu")
-    translator.translate(lines[:4], method=args.method)  # warm-up
+    translator.translate(lines[:4], method=args.method, **keywords)  # warm-up
     for _ in range(args.repeats):
         start = time.perf_counter()
-        out = translator.translate(lines, method=args.method)
+        out = translator.translate(lines, method=args.method, **keywords)
         seconds = time.perf_counter() - start
-        print(f"{len(out)} lines, {args.method}: {seconds:.2f} s, {len(out) / seconds:.1f} sent/s "
-              f"({describe_cpu()}, {source.name})")
+        print(f"{len(out)} lines, {args.method} {keywords or ''}: {seconds:.2f} s, "
+              f"{len(out) / seconds:.1f} sent/s ({describe_cpu()}, {source.name})")
 
 
 if __name__ == "__main__":

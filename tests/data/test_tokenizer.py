@@ -62,6 +62,14 @@ def test_pieces_match_ids(tok: Tokenizer) -> None:
     assert tok.pieces(text) == [tok.id_to_piece(i) for i in ids]
 
 
+def test_piece_ids_invert_id_to_piece_and_name_a_foreign_piece(tok: Tokenizer) -> None:
+    ids = tok.encode(["Ci vediamo martedì alle due."])[0]
+    assert tok.piece_ids([tok.id_to_piece(i) for i in ids]) == ids
+    assert tok.piece_ids([tok.id_to_piece(1)]) == [1]  # <unk> itself
+    with pytest.raises(ValueError, match="'no such piece' is not a piece of this model's vocabulary"):
+        tok.piece_ids(["no such piece"])
+
+
 def test_proto_save_load_and_pickle_reproduce_the_model(tok: Tokenizer, tmp_path) -> None:
     texts = [normalize(x) for x in read_lines(SAMPLE / "dev.en")]
     path = tmp_path / "spm.model"

@@ -273,7 +273,7 @@ def test_the_package_is_typed():
     returns = {typing.get_type_hints(f)["return"] for f in overloads}
     assert {str, list[str], Translation, list[list[Translation]]} <= returns
     assert len(typing.get_overloads(Translator.translate_iterable)) == 4
-    assert len(typing.get_overloads(Translator.score)) == 2
+    assert len(typing.get_overloads(Translator.score)) == 4  # str or iterable x return_tokens
 
 
 # --- scores, lazy iteration, forced scoring --------------------------------------------
@@ -373,7 +373,11 @@ def test_score_refuses_what_it_cannot_pair(words):
     with pytest.raises(ValueError, match="2 sources but 1 targets"):
         translator.score(["Ciao", "Sì"], ["Hi"])
     with pytest.raises(TypeError, match="both as a str, or both as lists"):
-        translator.score("Ciao", ["Hi"])
+        translator.score(["Ciao"], "Hi")
+    with pytest.raises(TypeError, match=r"both as a str \(or a str and a list of pieces\)"):
+        translator.score("Ciao", ("Hi",))
+    with pytest.raises(ValueError, match=r"^targets\[0\]: 'Hi' is not a piece of this model's vocabulary"):
+        translator.score("Ciao", ["Hi"])  # a str and a list: the list is pieces
     with pytest.raises(TypeError, match=r"targets\[1\] is a int"):
         translator.score(["Ciao", "Sì"], ["Hi", 3])
     with pytest.raises(ValueError, match="this model writes at most 31"):
@@ -416,7 +420,7 @@ def test_translate_iterable_is_lazy_and_keeps_input_order(words):
 
 
 def test_threads_apply_to_the_translators_calls_only(words, monkeypatch):
-    from transformer.decoding import scoring, stream
+    from transformer.decoding import scoring, translations
     from transformer.decoding import translator as translator_module
 
     before = torch.get_num_threads()
@@ -428,8 +432,7 @@ def test_threads_apply_to_the_translators_calls_only(words, monkeypatch):
             return real(*args, **kwargs)
         return spy
 
-    monkeypatch.setattr(translator_module, "translate_nbest", spying(text_module.translate_nbest))
-    monkeypatch.setattr(stream, "translate_nbest", spying(text_module.translate_nbest))
+    monkeypatch.setattr(translations, "translate_nbest", spying(text_module.translate_nbest))
     monkeypatch.setattr(translator_module, "score_lines", spying(scoring.score_lines))
     threads = 1 if before > 1 else 2
     translator = Translator.load(words, threads=threads, method="greedy", **SHORT)
@@ -486,6 +489,11 @@ def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
     code = translator_examples(page)
     for needed in ("return_scores=True", "nbest=3", "translate_iterable(", ".score("):
         assert needed in code, f"{page.name} shows no {needed}"
+    if page.name == "decoding.md":  # and #59's features
+        for needed in ("t.token_scores", "return_attention=True", "return_tokens=True",
+                       "target_prefix=", "no_repeat_ngram_size=", "max_batch_size=",
+                       "ThreadPoolExecutor"):
+            assert needed in code, f"{page.name} shows no {needed}"
     code, n = re.subn(r'"runs/\w+/checkpoints/best"', repr(str(words)), code)
     assert n == 1
     monkeypatch.setattr("builtins.print", lambda *args, **kwargs: None)
@@ -506,3 +514,81 @@ def test_a_busy_machine_without_a_wait_policy_gets_a_warning(words, monkeypatch,
     with caplog.at_level(logging.WARNING):
         Translator.load(words, device="cpu", threads=2)
     assert "OMP_WAIT_POLICY" not in caplog.text
+
+
+# --- batch control and threads ------------------------------------------------------------
+
+def test_max_batch_size_caps_the_sentences_of_a_batch_and_changes_no_result(words, monkeypatch):
+    from transformer.data.batching import length_batches
+    from transformer.decoding import search as search_module
+
+    assert length_batches([3, 1, 2, 2, 1], 100, max_rows=2) == [[0, 2], [3, 1], [4]]
+    assert length_batches([3, 1, 2], 100) == [[0, 2, 1]]
+    rows = []
+    real = search_module.search
+
+    def spy(model, src_ids, cfg, prefixes=None):
+        rows.append(src_ids.size(0))
+        return real(model, src_ids, cfg, prefixes)
+
+    monkeypatch.setattr(text_module, "search", spy)
+    translator = Translator.load(words, beam_size=3, **SHORT)
+    whole = translator.translate(ONE_SENTENCE, return_scores=True)
+    assert max(rows) > 2
+    rows.clear()
+    capped = translator.translate(ONE_SENTENCE, return_scores=True, max_batch_size=2)
+    assert max(rows) == 2 and sum(rows) == len(ONE_SENTENCE)
+    assert [t.text for t in capped] == [t.text for t in whole]
+    assert [t.score for t in capped] == pytest.approx([t.score for t in whole], abs=1e-5)
+    with pytest.raises(ConfigError, match=r"^max_batch_size=0: must be >= 1"):
+        translator.translate("Ciao", max_batch_size=0)
+    with pytest.raises(ConfigError, match=r"^max_tokens=1000000: must be <= 131072"):
+        translator.translate("Ciao", max_tokens=1_000_000)
+
+
+def test_the_gpu_batch_size_is_resolved_once_per_translator(words, monkeypatch):
+    """On CUDA a null max_tokens is sized to the free memory when the Translator is made;
+    a call never sizes it again (the free memory mocked, as test_batch_memory.py does)."""
+    model, tokenizer = load_model(words)
+    monkeypatch.setattr(text_module, "available_memory", lambda device: 200 * 10**9)
+    translator = Translator(model, tokenizer, device="cuda", decode=DecodeConfig(precision="fp16"))
+    resolved = translator.decode.max_tokens
+    assert resolved > text_module.CUDA_MAX_TOKENS
+    monkeypatch.setattr(text_module, "available_memory", lambda device: 10**9)  # memory taken
+    for call in ({}, {"beam_size": 8}):
+        cfg = text_module.decode_settings(translator._config(call, None), torch.device("cuda"), model)
+        assert cfg.max_tokens == resolved
+    assert translator._config({"max_tokens": 3000}, None).max_tokens == 3000  # per call when given
+
+
+def test_threads_sharing_a_translator_get_what_sequential_calls_give(words, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    translator = Translator.load(words, threads=1, **SHORT)
+    assert not translator.model.training  # eval once, at load
+
+    def flip(*args, **kwargs):
+        raise AssertionError("a call changed the shared model's mode")
+
+    monkeypatch.setattr(translator.model, "train", flip)
+    jobs = [
+        lambda: translator.translate(ONE_SENTENCE, method="greedy"),
+        lambda: translator.translate(ONE_SENTENCE, beam_size=3, nbest=2, return_scores=True),
+        lambda: translator.translate(ONE_SENTENCE, return_attention=True, method="greedy", lenpen=1.0),
+        lambda: translator.translate(ONE_SENTENCE, no_repeat_ngram_size=1, max_batch_size=3),
+        lambda: translator.translate(ONE_SENTENCE[:3], target_prefix=["I", None, "Yes"]),
+        lambda: list(translator.translate_iterable(ONE_SENTENCE, max_tokens=7, return_scores=True)),
+        lambda: translator.score(ONE_SENTENCE, ["It is late."] * len(ONE_SENTENCE), return_tokens=True),
+    ]
+
+    def as_values(found):  # Translations compare by text and score: add their tokens
+        if isinstance(found, Translation):
+            return (found.text, found.score, found.tokens, found.token_scores, found.attention)
+        return [as_values(f) for f in found] if isinstance(found, (list, tuple)) else found
+
+    sequential = [as_values(job()) for job in jobs]
+    before = torch.get_num_threads()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(lambda job: as_values(job()), jobs * 3))
+    assert together == sequential * 3
+    assert torch.get_num_threads() == before

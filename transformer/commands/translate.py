@@ -54,6 +54,9 @@ class InputConfig:
     # neither file nor text: read stdin
     file: str | None = None
     text: str | None = None  # translate this string (one line per line of it)
+    # a UTF-8 file of target prefixes, one per input line (an empty line: none): each
+    # translation starts with its line's prefix (needs input.file or input.text)
+    prefix_file: str | None = None
 
 
 @dataclass
@@ -76,6 +79,9 @@ class TranslateConfig:
                 "required: add checkpoint=path/to/checkpoint_dir")
         require(self.input.file is None or self.input.text is None, "input.text", self.input.text,
                 "give input.file or input.text, not both")
+        require(self.input.prefix_file is None or self.input.file is not None or
+                self.input.text is not None, "input.prefix_file", self.input.prefix_file,
+                "pairs its lines with input.file's or input.text's: give one of them")
         check_device("device", self.device)
         positive("threads", self.threads, optional=True)
         at_most_workers("threads", self.threads)
@@ -98,14 +104,29 @@ def read_input(cfg: InputConfig) -> tuple[Iterable[str], Callable[[], bool] | No
     return iter_decoded(sys.stdin.buffer, "<stdin>"), input_ready(sys.stdin)
 
 
+def read_prefixes(cfg: InputConfig) -> Iterator[str | None] | None:
+    """input.prefix_file's lines (None for an empty one), read as they are needed; checked
+    first for bad bytes and for as many lines as the input, before the model is loaded."""
+    if cfg.prefix_file is None:
+        return None
+    count = sum(1 for _ in iter_lines(cfg.prefix_file))  # DataError naming file:line
+    lines = len(cfg.text.split("\n")) if cfg.text is not None else \
+        sum(1 for _ in iter_lines(cfg.file))  # type: ignore[arg-type]
+    if count != lines:
+        raise ConfigError(f"input.prefix_file={cfg.prefix_file} has {count} line(s) and the input "
+                          f"{lines}: give one prefix line (or an empty one) per input line")
+    return (line if line.strip() else None for line in iter_lines(cfg.prefix_file))
+
+
 def output_of(cfg: TranslateConfig) -> outputs.Output | None:
     """The output file, checked (None for stdout), and the inputs: before any work."""
     outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
     outputs.check_input(cfg.input.file, "input.file")
+    outputs.check_input(cfg.input.prefix_file, "input.prefix_file")
     if cfg.output is None:
         return None
     out = outputs.Output.of(cfg.output, "output", "mt-translate", force=cfg.force)
-    outputs.check(out, inputs=[cfg.input.file, cfg.checkpoint])
+    outputs.check(out, inputs=[cfg.input.file, cfg.input.prefix_file, cfg.checkpoint])
     return out
 
 
@@ -129,13 +150,14 @@ def write_lines(lines: Iterable[list[str]], out: outputs.Output | None) -> None:
 def translate(cfg: TranslateConfig) -> None:
     out = output_of(cfg)
     lines, ready = read_input(cfg.input)  # before loading the model: a bad input costs nothing
+    prefixes = read_prefixes(cfg.input)
     if cfg.output is None and sys.stdout is None:  # started with stdout closed (>&-)
         raise ConfigError("stdout is closed: add output=FILE")
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     progress = cfg.progress and cfg.input.file is not None
     start, counts = time.perf_counter(), {"lines": 0, "sentences": 0}
     found = iter_nbest(model, tokenizer, lines, cfg.decode, device, ready=ready,
-                       progress=progress, counts=counts)
+                       progress=progress, counts=counts, prefixes=prefixes)
     write_lines(_formatted(found, cfg.decode.nbest > 1), out)
     log.info("translated %d line(s), %d sentence(s) in %.1f s", counts["lines"],
              counts["sentences"], time.perf_counter() - start)

@@ -135,15 +135,18 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
     return torch.from_numpy(_pad(seqs, pad_id, offset=0, extra=0)[0])
 
 
-def length_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped, longest first, so that rows * longest length <= max_tokens (decoding).
+def length_batches(lengths: Sequence[int], max_tokens: int,
+                   max_rows: int | None = None) -> list[list[int]]:
+    """Indices grouped, longest first, so that rows * longest length <= max_tokens (decoding)
+    and rows <= max_rows (None: no limit but max_tokens).
 
     A sentence longer than max_tokens gets a batch of its own.
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens \
+                and (max_rows is None or len(batches[-1]) < max_rows):
             batches[-1].append(i)
         else:
             batches.append([i])

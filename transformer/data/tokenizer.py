@@ -95,6 +95,15 @@ class Tokenizer:
     def id_to_piece(self, i: int) -> str:
         return self._sp.id_to_piece(int(i))
 
+    def piece_ids(self, pieces: list[str]) -> list[int]:
+        """The ids of SentencePiece pieces (`id_to_piece`'s inverse); ValueError naming a
+        piece that is not in the vocabulary."""
+        ids = [self._sp.piece_to_id(p) for p in pieces]
+        for p, i in zip(pieces, ids, strict=True):
+            if i == UNK_ID and p != self._sp.id_to_piece(UNK_ID):
+                raise ValueError(f"{p!r} is not a piece of this model's vocabulary")
+        return ids
+
     def pieces(self, text: str) -> list[str]:
         """The subword pieces of one text (for labelling attention plots)."""
         return self._sp.encode(text, out_type=str)

@@ -6,7 +6,10 @@ batch by length, search, decode, rejoin); `ct2_model.py` runs a CTranslate2 expo
 model's place; `translator.py` is the Python face (`Translator.load(path).translate(lines)`),
 and what it runs beside `text.py`: `stream.py` (a stream of lines, a batch at a time, for
 `translate_iterable` and mt-translate), `scoring.py` (forced scoring of given
-translations) and `arguments.py` (its keywords checked, errors naming them);
+translations), `tokens.py` (token scores and attention of chosen translations, by
+teacher forcing) and `arguments.py` (its keywords checked, errors naming them);
+`constraints.py` a forced target prefix and no repeated n-grams, applied to a search
+step's logits;
 `name_copy.py` the name-copy rate that mt-evaluate and validation report;
 `batch_memory.py` a decoding batch's memory estimate, which refuses one that would not fit.
 

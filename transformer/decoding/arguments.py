@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -54,22 +55,40 @@ def as_arguments() -> Iterator[None]:
         raise
 
 
+_threads_lock = threading.Lock()
+_threads_users = 0  # calls inside `torch_threads` with a thread count, in every Python thread
+_threads_before = 0  # torch's setting when the first of them entered
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to `threads` inside, and what they were restored after.
+    """torch's intra-op threads set to `threads` inside, and what they were restored after
+    the last call inside (from any Python thread) leaves.
 
     torch's setting holds for the whole process: other torch work running meanwhile (in
-    another thread) runs with it too. None leaves it alone.
+    another thread) runs with it too, and of calls that overlap with different counts the
+    last to enter sets it. Overlapping calls count their entries, so the setting the
+    first found is what the last restores (two calls restoring each other's value would
+    leave the process with the wrong one). The count changes speed, never results'
+    meaning. None leaves it alone.
     """
-    old = torch.get_num_threads()
-    if threads is None or threads == old:
+    global _threads_users, _threads_before
+    if threads is None:
         yield
         return
-    torch.set_num_threads(threads)
+    with _threads_lock:
+        if not _threads_users:
+            _threads_before = torch.get_num_threads()
+        _threads_users += 1
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
     try:
         yield
     finally:
-        torch.set_num_threads(old)
+        with _threads_lock:
+            _threads_users -= 1
+            if not _threads_users and torch.get_num_threads() != _threads_before:
+                torch.set_num_threads(_threads_before)
 
 
 @dataclass
@@ -155,13 +174,30 @@ def as_lines(lines: object, name: str = "lines") -> tuple[list[str], bool]:
     return found, single
 
 
-def as_pairs(sources: object, targets: object) -> tuple[list[str], list[str], bool]:
-    """`Translator.score`'s arguments as two lists of as many str, and whether both were
-    a single str; TypeError or ValueError naming what does not fit."""
+def as_pairs(sources: object, targets: object) -> tuple[list[str], list[str | list[str]], bool]:
+    """`Translator.score`'s arguments as two lists of as many entries, and whether a single
+    str source was given; TypeError or ValueError naming what does not fit.
+
+    A target is a text or a list of pieces: with a single str source, `targets` is one
+    of those; with a list of sources, a list of them, one per source.
+    """
     src, single = as_lines(sources, "sources")
-    tgt, single_target = as_lines(targets, "targets")
-    if single != single_target:
-        raise TypeError("give sources and targets both as a str, or both as lists of str")
+    if single:
+        if not isinstance(targets, (str, list)):
+            raise TypeError("give sources and targets both as a str (or a str and a list of "
+                            "pieces), or both as lists")
+        tgt: list = [targets]
+    else:
+        check_lines(targets, "targets")
+        if isinstance(targets, str):
+            raise TypeError("give sources and targets both as a str, or both as lists of str")
+        tgt = list(targets)  # type: ignore[call-overload]
+    for i, target in enumerate(tgt):
+        pieces = isinstance(target, list) and all(isinstance(p, str) for p in target)
+        if not isinstance(target, str) and not pieces:
+            hint = ": decode it first" if isinstance(target, (bytes, bytearray, memoryview)) else ""
+            what = "list holding a non-str" if isinstance(target, list) else type(target).__name__
+            raise TypeError(f"targets[{i}] is a {what}, not a str or a list of pieces (str){hint}")
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} sources but {len(tgt)} targets: give one translation "
                          "per source line")

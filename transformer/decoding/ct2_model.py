@@ -192,8 +192,28 @@ class CT2Model:
                                             max_input_length=self.cfg.max_positions)
         return [list(r.log_probs) for r in found]
 
-    def search(self, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-        """src_ids (B, S) -> n-best lists, as `search.search` gives them for our model."""
+    def log_probs(self, src: list[list[int]], tgt: list[list[int]], min_len: int = 0) -> list[list[float]]:
+        """`score`'s log-probabilities as this export's search counts them: each token step
+        t < min_len renormalised by -log(1 - p(EOS | y_<t)) (CTranslate2 masks EOS before
+        its softmax there; `scoring.py`)."""
+        found = self.score(src, tgt) if src else []
+        for t in range(min_len):
+            rows = [i for i, ids in enumerate(tgt) if len(ids) > t]
+            if not rows:
+                break
+            eos = self.score([src[i] for i in rows], [tgt[i][:t] for i in rows])
+            for i, lp in zip(rows, eos, strict=True):
+                found[i][t] -= math.log1p(-math.exp(min(lp[-1], -1e-12)))
+        return found
+
+    def search(self, src_ids: torch.Tensor, cfg: DecodeConfig,
+               prefixes: list[list[int] | None] | None = None) -> list[list[Hypothesis]]:
+        """src_ids (B, S) -> n-best lists, as `search.search` gives them for our model;
+        prefixes: None, or per sentence the ids its output starts with (CTranslate2's
+        target_prefix; cfg.no_repeat_ngram_size is its option of that name too). With
+        either, each hypothesis is scored again by teacher forcing (`log_probs`), since
+        CTranslate2 leaves a prefix's tokens out of its score and renormalises around
+        banned n-grams: so its score is what `Translator.score` gives, as for our model."""
         if src_ids.size(1) > self.cfg.max_positions:
             raise ValueError(f"sequence of {src_ids.size(1)} tokens exceeds model "
                              f"max_positions={self.cfg.max_positions}")
@@ -203,25 +223,33 @@ class CT2Model:
         groups = []  # one max_decoding_length per call; all calls submitted before any is awaited
         for limit in sorted(set(limits)):
             rows = [i for i, n in enumerate(limits) if n == limit]
-            groups.append((rows, limit, self._submit([src[i] for i in rows], limit, cfg)))
+            prefix = [prefixes[i] for i in rows] if prefixes is not None else None
+            groups.append((rows, limit, self._submit([src[i] for i in rows], limit, cfg, prefix)))
         for rows, limit, pending in groups:
             found = [p.result() for p in pending]
-            for i, hyps in zip(rows, self._nbest([src[i] for i in rows], found, limit, cfg), strict=True):
+            exact = prefixes is not None or cfg.no_repeat_ngram_size > 0
+            for i, hyps in zip(rows, self._nbest([src[i] for i in rows], found, limit, cfg, exact),
+                               strict=True):
                 results[i] = hyps
         return results
 
-    def _submit(self, src: list[list[int]], limit: int, cfg: DecodeConfig) -> list:
+    def _submit(self, src: list[list[int]], limit: int, cfg: DecodeConfig,
+                prefix: list[list[int] | None] | None = None) -> list:
         """Start translating sentences that share the length limit (asynchronously, in
         sub-batches the workers share)."""
         k, lp = _width_and_lenpen(cfg)
+        target_prefix = None if prefix is None else [self._pieces(p) if p else None for p in prefix]
         return self.translator.translate_batch(
-            [self._pieces(s) for s in src], beam_size=k, num_hypotheses=k, length_penalty=lp,
+            [self._pieces(s) for s in src], target_prefix, beam_size=k,
+            no_repeat_ngram_size=cfg.no_repeat_ngram_size, num_hypotheses=k, length_penalty=lp,
             max_decoding_length=limit, min_decoding_length=cfg.min_len,
             max_input_length=self.cfg.max_positions, return_scores=True,
             max_batch_size=self.sub_batch, batch_type="tokens", asynchronous=True)
 
-    def _nbest(self, src: list[list[int]], found: list, limit: int, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-        """CTranslate2's results for sentences that share the length limit -> n-best lists."""
+    def _nbest(self, src: list[list[int]], found: list, limit: int, cfg: DecodeConfig,
+               exact: bool = False) -> list[list[Hypothesis]]:
+        """CTranslate2's results for sentences that share the length limit -> n-best lists
+        (exact: every hypothesis scored again by teacher forcing, `search`)."""
         _, lp = _width_and_lenpen(cfg)
         # (tokens, sum of log-probabilities): CTranslate2 divided the sums by |y| ** lp
         hyps = [[([self.piece_ids[p] for p in h], s * len(h) ** lp)
@@ -230,6 +258,14 @@ class CT2Model:
 
         def normalised(tokens: list[int], total: float) -> float:
             return total / length_penalty(len(tokens) + 1, cfg.lenpen)
+
+        if exact:
+            pairs = [(i, t) for i, hs in enumerate(hyps) for t, _ in hs]
+            sums = iter(sum(lp) for lp in self.log_probs([src[i] for i, _ in pairs],
+                                                         [t for _, t in pairs], cfg.min_len))
+            ranked = [sorted((Hypothesis(t, normalised(t, next(sums))) for t, _ in hs),
+                             key=lambda h: h.score, reverse=True)[:nbest] for hs in hyps]
+            return ranked
 
         # Close the hypotheses that reached the limit with the EOS search.py would force
         # there, and its log-probability (score_batch). EOS can only lower a score, so

@@ -23,14 +23,15 @@ translation, the scores summed, which is how a line's n-best score is made
 (`text.join_nbest`). The translation is cut into its parts by the same sentence splitter;
 a line whose translation does not split into as many sentences as its source (a sentence
 translated as two, a long sentence cut into pieces) is scored whole, source line against
-translation, with one warning naming the lines.
+translation, with one warning naming the lines. A translation given as a list of pieces
+(`Translation.tokens`) is not tokenised again: it is one part, so a source of one
+sentence scores it exactly as the search scored those pieces.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Sequence
 
 import torch
@@ -43,6 +44,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import CT2Model
 from transformer.decoding.search import length_penalty, logsumexp
 from transformer.decoding.text import _inference_mode
+from transformer.decoding.tokens import token_details
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +101,12 @@ def _ct2_totals(model: CT2Model, src: Sequence[list[int]], tgt: Sequence[list[in
     """An export's sums, as its search scores: `score_batch`'s log-probabilities, plus
     -log(1 - p(EOS | y_<t)) for each token step t < min_len (CTranslate2 renormalises the
     steps where EOS is masked)."""
-    totals = [sum(lp) for lp in model.score(list(src), list(tgt))]
-    for t in range(min_len):
-        rows = [i for i, ids in enumerate(tgt) if len(ids) > t]
-        if not rows:
-            break
-        eos = model.score([src[i] for i in rows], [tgt[i][:t] for i in rows])
-        for i, lp in zip(rows, eos, strict=True):
-            totals[i] -= math.log1p(-math.exp(min(lp[-1], -1e-12)))
-    return totals
+    return [sum(lp) for lp in model.log_probs(list(src), list(tgt), min_len)]
 
 
-def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str],
-                cfg: DecodeConfig, device: torch.device) -> list[float]:
+def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
+                targets: Sequence[str | list[str]], cfg: DecodeConfig,
+                device: torch.device, details: list | None = None) -> list[float]:
     """The score of each line's translation, as `text.translate_nbest` scores a line: the
     sum of its sentences' scores (0.0 for an empty source and translation).
 
@@ -125,10 +120,14 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str], targets: Se
             autocast to cfg.precision), or an export's `CT2Model`.
         tokenizer: the model's SentencePiece tokenizer.
         sources: the source lines.
-        targets: their translations, one per source line.
+        targets: their translations, one per source line: a text, or the pieces of one
+            (`Translation.tokens`), taken as they are (no tokenising again), paired with
+            a source of one sentence (else the line is scored whole).
         cfg: settings with their device defaults filled in (`text.decode_settings`):
             lenpen, split_sentences, max_tokens, precision; min_len for an export.
         device: where the model is.
+        details: if given, receives per line the log-probabilities of its pieces and
+            EOS (each sentence's EOS after its pieces), `tokens.token_details`.
 
     Returns:
         One score per line, as `text.translate_nbest` scores the line's translation.
@@ -141,10 +140,11 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str], targets: Se
     units: list[list[list[int]]] = [[] for _ in sources]
     for owner, ids in zip(segs.owner, segs.ids, strict=True):
         units[owner].append(ids)
-    parts = [split_sentences(t) if cfg.split_sentences else [t for t in [normalize(t)] if t]
+    parts = [[t][:len(t)] if isinstance(t, list) else  # no pieces: no part, as ""
+             split_sentences(t) if cfg.split_sentences else [t for t in [normalize(t)] if t]
              for t in targets]
     src: list[list[int]] = []
-    texts: list[str] = []
+    texts: list[str | list[str]] = []
     owner: list[int] = []
     whole: list[int] = []
     for i, (line_units, line_parts) in enumerate(zip(units, parts, strict=True)):
@@ -153,7 +153,7 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str], targets: Se
         if len(line_units) != len(line_parts):
             whole.append(i)
             line_units = [tokenizer.encode([normalize(sources[i])])[0][:limit]]
-            line_parts = [normalize(targets[i])]
+            line_parts = [t if isinstance(t := targets[i], list) else normalize(t)]
         src += line_units
         texts += line_parts
         owner += [i] * len(line_units)
@@ -161,7 +161,7 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str], targets: Se
         shown = ", ".join(str(i + 1) for i in whole[:10]) + (", ..." if len(whole) > 10 else "")
         log.warning("%d line(s) whose translation does not split into as many sentences as the "
                     "source were scored whole (line %s)", len(whole), shown)
-    tgt = tokenizer.encode(texts) if texts else []
+    tgt = _target_ids(tokenizer, texts, owner)
     for i, ids in zip(owner, tgt, strict=True):
         if len(ids) >= limit:  # BOS takes a position
             raise ValueError(f"target {i + 1}: a translation of {len(ids)} tokens (or a sentence "
@@ -170,6 +170,28 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str], targets: Se
     exported = isinstance(model, CT2Model)
     with contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device):
         found = unit_scores(model, src, tgt, cfg, device)
+        if details is not None:
+            per_unit = token_details(model, src, tgt, cfg.max_tokens or 2000, device,
+                                     min_len=cfg.min_len)
+            details.extend([] for _ in sources)
+            for i, detail in zip(owner, per_unit, strict=True):
+                details[i].extend(detail.log_probs)
     for i, value in zip(owner, found, strict=True):
         scores[i] += value
     return scores
+
+
+def _target_ids(tokenizer: Tokenizer, texts: list[str | list[str]], owner: list[int]) -> list[list[int]]:
+    """The ids of each target part: a text encoded, pieces looked up (ValueError naming
+    the target of a piece not in the vocabulary)."""
+    encoded = iter(tokenizer.encode([t for t in texts if isinstance(t, str)]) if texts else [])
+    ids = []
+    for i, t in zip(owner, texts, strict=True):
+        if isinstance(t, str):
+            ids.append(next(encoded))
+            continue
+        try:
+            ids.append(tokenizer.piece_ids(t))
+        except ValueError as e:
+            raise ValueError(f"targets[{i}]: {e}") from None
+    return ids

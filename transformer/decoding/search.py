@@ -44,6 +44,7 @@ import math
 import torch
 
 from transformer.config import DecodeConfig
+from transformer.decoding.constraints import Constraints
 from transformer.decoding.finished import Finished, Hypothesis, length_penalty
 from transformer.model.transformer import DecoderCache
 
@@ -144,13 +145,19 @@ class _Stepper:
         self.tgt_ids = torch.cat([self.tgt_ids, tokens[:, None]], dim=1)
 
 
-def _forbid(logits: torch.Tensor, step: int, min_len: int, cfg) -> torch.Tensor:
+def _forbid(logits: torch.Tensor, step: int, min_len: int, cfg,
+            constraints: Constraints | None = None, history: torch.Tensor | None = None,
+            alive: torch.Tensor | None = None, w: int = 1) -> torch.Tensor:
     """Forbid padding and BOS always, and EOS before min_len: in place on logits (R, V)
-    whose logsumexp is already taken. Three columns: no pass over (R, V)."""
+    whose logsumexp is already taken. Three columns: no pass over (R, V). Then the
+    batch's `constraints` (a forced prefix, no repeated n-grams; None: nothing more),
+    given the rows' history (R, t+1) and the sentence (A,) of each run of w rows."""
     logits[:, cfg.pad_id] = -math.inf
     logits[:, cfg.bos_id] = -math.inf
     if step < min_len:
         logits[:, cfg.eos_id] = -math.inf
+    if constraints is not None:
+        constraints(logits, history, alive.repeat_interleave(w) if w > 1 else alive, step)
     return logits
 
 
@@ -180,6 +187,7 @@ def greedy_search(
     lenpen: float = 0.0,
     use_cache: bool = True,
     sync_every: int = 1,
+    constraints: Constraints | None = None,
 ) -> list[Hypothesis]:
     """src_ids (B, S) -> the most probable next token at every step, one per sentence.
 
@@ -195,6 +203,7 @@ def greedy_search(
             position at each step (the tests compare the two).
         sync_every: steps between the host's reads of how many sentences are live (and
             drops of the finished rows); the result does not depend on it.
+        constraints: the batch's forced prefixes and n-gram rule (`constraints.py`), or None.
 
     Returns:
         One `Hypothesis` per sentence, in input order: its tokens (no BOS or EOS) and its
@@ -215,7 +224,8 @@ def greedy_search(
     scores = torch.zeros(n, dtype=torch.float32, device=device)  # (A,)
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         logits, lse = stepper.logits()  # (A, V), (A,)
-        best, tokens = _forbid(logits, step, min_len, cfg).max(dim=-1)
+        best, tokens = _forbid(logits, step, min_len, cfg, constraints, stepper.tgt_ids,
+                               alive).max(dim=-1)
         if step >= first_max:  # forced EOS where max_len is reached, scored as the model gave it
             at_max = step >= max_len[alive]
             best = torch.where(at_max, logits[:, cfg.eos_id], best)
@@ -248,6 +258,7 @@ def beam_search(
     min_len: int = 1,
     use_cache: bool = True,
     sync_every: int = 1,
+    constraints: Constraints | None = None,
 ) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
@@ -267,6 +278,7 @@ def beam_search(
             position at each step (the tests compare the two).
         sync_every: steps between the host's reads of how many sentences are live (and
             drops of the finished rows); the result does not depend on it.
+        constraints: the batch's forced prefixes and n-gram rule (`constraints.py`), or None.
 
     Returns:
         For each sentence, in input order, up to `nbest` `Hypothesis`es, best
@@ -298,7 +310,8 @@ def beam_search(
             at_max = step >= max_len[alive]
             forced = (at_max[:, None].expand(a, w).reshape(-1), cfg.eos_id)
         top_scores, top_beam, top_tok = best_continuations(
-            _forbid(logits, step, min_len, cfg), scores.view(-1) - lse, w, 2 * k, forced)
+            _forbid(logits, step, min_len, cfg, constraints, stepper.tgt_ids, alive, w),
+            scores.view(-1) - lse, w, 2 * k, forced)
         # EOS candidates among the first K finish; the first K others are the live beams.
         is_eos = top_tok == cfg.eos_id  # (A, 2K)
         ends = is_eos[:, :k] & top_scores[:, :k].isfinite()
@@ -350,7 +363,8 @@ def best_continuations(
     return top_scores, top_idx // c, row_tok.view(-1, w * c).gather(1, top_idx)
 
 
-def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+def search(model, src_ids: torch.Tensor, cfg: DecodeConfig,
+           prefixes: list[list[int] | None] | None = None) -> list[list[Hypothesis]]:
     """Decode src_ids (B, S) as `cfg` says; n-best lists (a list of one for greedy).
 
     Args:
@@ -358,7 +372,10 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothe
             `beam_search` take.
         src_ids: source ids (B, S), right-padded, no BOS or EOS.
         cfg: the search: method (greedy or beam), beam_size, lenpen, nbest, max_len_a,
-            max_len_b, min_len (its other fields are `text.translate_nbest`'s).
+            max_len_b, min_len, no_repeat_ngram_size (its other fields are
+            `text.translate_nbest`'s).
+        prefixes: None, or per sentence the ids its output must start with (or None);
+            each no longer than the sentence's length limit (`text.first_unit_prefixes`).
 
     Returns:
         For each sentence, in input order, its n-best list of `Hypothesis`es, best first:
@@ -370,11 +387,13 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothe
     The host reads the device every `SYNC_EVERY[device type]` steps (1 on a CPU).
     """
     sync_every = SYNC_EVERY.get(src_ids.device.type, 1)
+    constraints = Constraints.build(prefixes, cfg.no_repeat_ngram_size, src_ids.device)
     if cfg.method == "greedy":
         hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
-                             cfg.lenpen, sync_every=sync_every)
+                             cfg.lenpen, sync_every=sync_every, constraints=constraints)
         return [[h] for h in hyps]
     if cfg.method == "beam":
         return beam_search(model, src_ids, cfg.beam_size, cfg.lenpen, cfg.nbest,
-                           cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every)
+                           cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every,
+                           constraints=constraints)
     raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy or beam")

@@ -92,6 +92,7 @@ def iter_nbest(
     around: Callable[[], contextlib.AbstractContextManager] | None = None,
     progress: bool = False,
     counts: dict[str, int] | None = None,
+    prefixes: Iterator[str | None] | None = None,
 ) -> Iterator[NBest]:
     """Each line's n-best list of (text, score), in input order, as `text.translate_nbest`
     gives it, a window at a time (module docstring).
@@ -111,6 +112,8 @@ def iter_nbest(
             count), left before the window's lines are yielded.
         progress: a tqdm bar on stderr counting lines.
         counts: if given, receives the running numbers of `lines`, `sentences` and `units`.
+        prefixes: None, or a target prefix (a text, or None) per line, read in step with
+            the lines (mt-translate's input.prefix_file).
 
     Raises:
         ConfigError: settings the model or device cannot run, named by their key.
@@ -121,18 +124,22 @@ def iter_nbest(
         device = model.device if isinstance(model, CT2Model) else next(model.parameters()).device
     device = torch.device(device)
     cfg = decode_settings(cfg, device, model)  # eager: a bad setting before the first line
-    return _iterate(model, tokenizer, lines, cfg, device, ready, around, progress, counts)
+    return _iterate(model, tokenizer, lines, cfg, device, ready, around, progress, counts, prefixes)
 
 
-def _iterate(model, tokenizer, lines, cfg, device, ready, around, progress, counts) -> Iterator[NBest]:
+def _iterate(model, tokenizer, lines, cfg, device, ready, around, progress, counts,
+             prefixes=None) -> Iterator[NBest]:
     bar = tqdm(unit="line", file=sys.stderr, disable=not progress)
     done = 0
     try:
         for window in windows(lines, tokenizer, cfg.max_tokens, ready):
             found: dict[str, int] = {}
+            prefix = None if prefixes is None else [
+                tokenizer.encode([normalize(p)])[0] if (p := next(prefixes, None)) else None
+                for _ in window]
             with around() if around is not None else contextlib.nullcontext():
                 nbest = translate_nbest(model, tokenizer, window, cfg, device, counts=found,
-                                        first_line=done + 1)
+                                        first_line=done + 1, prefixes=prefix)
             done += len(window)
             if counts is not None:
                 for key, value in found.items():

@@ -23,7 +23,8 @@ import contextlib
 import dataclasses
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -130,6 +131,8 @@ def translate_nbest(
     after_batch: Callable[[], object] | None = None,
     counts: dict[str, int] | None = None,
     first_line: int = 1,
+    prefixes: Sequence[list[int] | None] | None = None,
+    units: list[Unit] | None = None,
 ) -> list[list[tuple[str, float]]]:
     """The n-best (text, score) list of every line, in input order.
 
@@ -157,6 +160,10 @@ def translate_nbest(
             and pieces of long ones).
         first_line: the number warnings give `lines[0]` (`stream.iter_nbest` translates
             a file a window at a time).
+        prefixes: None, or per line the target ids its translation must start with (or
+            None): they force the first sentence's first tokens (`constraints.py`).
+        units: if given, receives a `Unit` per decoded sentence (and piece), in reading
+            order: its line, its source ids and its hypotheses' ids (`Translator`'s tokens).
 
     Returns:
         For each line, in input order, its n-best list of (text, score), best first: one
@@ -167,7 +174,7 @@ def translate_nbest(
         ConfigError: settings out of range, or that the model or device cannot run (a
             min_len longer than the model writes, fp16 on a CPU, a precision other than
             auto for an export, batches larger than the free memory), named by their
-            `decode.*` key.
+            `decode.*` key; a prefix longer than its sentence's length limit.
     """
     model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
     exported = isinstance(model, CT2Model)
@@ -181,10 +188,13 @@ def translate_nbest(
         counts.update(lines=len(lines), sentences=segs.sentences, units=len(segs.ids))
     src = segs.ids
     check_length_limits(cfg, src, model.cfg.max_positions)
+    unit_prefix = first_unit_prefixes(segs.owner, prefixes, src, cfg, model.cfg.max_positions,
+                                      first_line)
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in src]
+    hyp_ids: list[list[list[int]]] = [[[]] for _ in src]
     todo = [i for i, ids in enumerate(src) if ids]
     lengths = [len(src[i]) for i in todo]
-    batches = list(length_batches(lengths, cfg.max_tokens))
+    batches = list(length_batches(lengths, cfg.max_tokens, cfg.max_batch_size))
     check_decode_memory(model.cfg, [[lengths[j] for j in b] for b in batches], cfg, device)
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
     mode = contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device)
@@ -192,15 +202,56 @@ def translate_nbest(
         for batch in batches:
             index = [todo[j] for j in batch]
             src_ids = pad([src[i] for i in index], tokenizer.pad_id).to(device)
-            found = model.search(src_ids, cfg) if exported else search(model, src_ids, cfg)
+            prefix = [unit_prefix[i] for i in index] if unit_prefix is not None else None
+            found = (model.search(src_ids, cfg, prefix) if exported else
+                     search(model, src_ids, cfg, prefix))
             for i, hyps in zip(index, found, strict=True):
                 texts = tokenizer.decode([h.tokens for h in hyps])
                 results[i] = [(t, h.score) for t, h in zip(texts, hyps, strict=True)]
+                hyp_ids[i] = [h.tokens for h in hyps]
             bar.update(len(index))
             if after_batch is not None:
                 after_batch()
     bar.close()
+    if units is not None:
+        units.extend(Unit(line, ids, hyps) for line, ids, hyps in zip(segs.owner, src, hyp_ids,
+                                                                         strict=True))
     return segs.rejoin(results, join_nbest, [("", 0.0)])
+
+
+@dataclass
+class Unit:
+    """A decoded sentence (or piece of one): its line, source ids and hypotheses' ids."""
+
+    line: int
+    src: list[int]
+    hyps: list[list[int]]
+
+
+def first_unit_prefixes(owner: list[int], prefixes: Sequence[list[int] | None] | None,
+                        src: list[list[int]], cfg: DecodeConfig, max_positions: int,
+                        first_line: int = 1) -> list[list[int] | None] | None:
+    """Each unit's forced prefix: a line's prefix goes to its first unit; None if no line
+    has one. ConfigError for a prefix longer than its sentence's length limit (a prefix
+    of an empty line is left out: it has no sentence)."""
+    if prefixes is None or not any(prefixes):
+        return None
+    out: list[list[int] | None] = [None] * len(owner)
+    seen: set[int] = set()
+    for u, line in enumerate(owner):
+        if line in seen:
+            continue
+        seen.add(line)
+        ids = prefixes[line]
+        if not ids:
+            continue
+        limit = min(max_positions - 1, max(cfg.min_len, int(cfg.max_len_a * len(src[u]) + cfg.max_len_b)))
+        if len(ids) > limit:
+            raise ConfigError(f"target_prefix of line {line + first_line}: {len(ids)} tokens, above "
+                              f"its length limit of {limit} (a * |x| + b, a={cfg.max_len_a}, "
+                              f"b={cfg.max_len_b}): raise decode.max_len_b")
+        out[u] = ids
+    return out
 
 
 def join_nbest(parts: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
@@ -229,14 +280,19 @@ def _warn_long(segs: Segments, max_len: int, first_line: int = 1) -> None:
 
 @contextlib.contextmanager
 def _inference_mode(model: torch.nn.Module, precision: str, device: torch.device):
-    """Eval mode, no autograd, autocast to `precision`; the model's mode restored after."""
+    """Eval mode, no autograd, autocast to `precision`; the model's mode restored after.
+
+    A model already in eval mode is left untouched (nothing written on it): a `Translator`
+    puts its model in eval mode once, so that threads sharing it never flip its mode."""
     was_training = model.training
-    model.eval()
+    if was_training:
+        model.eval()
     try:
         with torch.inference_mode(), autocast(precision, device):
             yield
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
 
 
 def translate_lines(

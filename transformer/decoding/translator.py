@@ -19,11 +19,19 @@ same lines from a file with the same settings; `translate_iterable` is
 settings are `config.DecodeConfig`'s fields by name, checked as mt-translate checks them;
 a bad one raises `ConfigError` naming the keyword (`beam_size=0: must be >= 1`).
 
-Loading changes nothing process-wide. A call with `threads` sets torch's thread count,
-which is process-wide, for the call's duration and restores it after
-(`arguments.torch_threads`): other torch work running meanwhile in another thread runs
-with it too. glibc's allocator is left as it is (the `mt-*` commands, which own their
-process, tune it: `device.keep_large_blocks_in_the_heap`).
+Loading changes nothing process-wide: glibc's allocator is left as it is (the `mt-*`
+commands, which own their process, tune it: `device.keep_large_blocks_in_the_heap`) and
+so are torch's threads. One thing a call does change for the whole process: `threads`
+sets torch's intra-op thread count (a process-wide setting) while the translator's calls
+run, and restores it when the last of them ends (`arguments.torch_threads`); other torch
+work running meanwhile runs with that count too.
+
+Threads: one Translator may serve several Python threads at once. Each call keeps its
+settings to itself (nothing a call is given is written on the Translator), the model is
+put in eval mode once, when the Translator is made, and never flipped by a call, and the
+batch sizes are resolved once (`max_tokens`, `max_batch_size`), so each thread gets what
+the same calls made one after another would give. Not safe: changing the Translator's
+`decode`, or the model itself (`model.train()`, new weights), while calls run.
 """
 
 from __future__ import annotations
@@ -31,7 +39,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -52,8 +59,13 @@ from transformer.decoding.arguments import (
 )
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.scoring import score_lines
-from transformer.decoding.stream import input_ready, iter_nbest
-from transformer.decoding.text import decode_settings, translate_nbest
+from transformer.decoding.text import decode_settings
+from transformer.decoding.translations import (
+    Translation,
+    encode_prefixes,
+    translate_batch,
+    translate_windows,
+)
 from transformer.device import resolve_device
 from transformer.model.transformer import Transformer
 
@@ -61,41 +73,33 @@ __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Translation:
-    """A translation and its score: the search's own, the sum of the log-probabilities of
-    its tokens and EOS over GNMT's length penalty ((5 + |y|) / 6) ** lenpen; for a line of
-    several sentences, the sum of its sentences' scores. `Translator.score` gives the same
-    number for the same text."""
-
-    text: str
-    score: float
-
-
 class Translator:
     """A model and its tokenizer, ready to translate lines of Italian into English.
 
-    Build one with `Translator.load(path)`. `model` is a `Transformer` or an export's
-    `ct2_model.CT2Model`; `tokenizer` its SentencePiece model; `device` where it runs;
-    `decode` the settings `translate` starts from; `threads` torch's threads during its
-    calls (None: torch's setting as it is). Several Python threads may share one
-    Translator if they share its `threads`: torch's thread count is the process's.
+    Build one with `Translator.load(path)`. `model`: a `Transformer` or a `CT2Model`;
+    `tokenizer` its SentencePiece model; `device` where it runs; `decode` the settings
+    `translate` starts from (batch sizes resolved once); `threads` torch's threads during
+    its calls. Python threads may share one (module docstring).
     """
 
     def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *,
                  device: torch.device | str | None = None, decode: DecodeConfig | None = None,
                  path: Path | None = None, threads: int | None = None) -> None:
-        """A Translator for a `Transformer` or `CT2Model` already in memory on `device`
-        (None: where its weights are), with its tokenizer; `decode`: the settings
-        `translate` starts from (checked here); `path`: where it came from (for `repr`);
-        `threads`: torch's threads during its calls (not an export's: `load` sets those)."""
+        """A Translator for a model in memory on `device` (None: where its weights are);
+        `decode` is checked and its device defaults filled in once (`decode_settings`);
+        `path` is for `repr`; `threads` not an export's (`load` sets those). A
+        `Transformer` is put in eval mode here, once."""
         model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
         if device is None:
             device = model.device if isinstance(model, CT2Model) else next(model.parameters()).device
+        device = torch.device(device)
         with as_arguments():
             positive("threads", threads, optional=True)
-            self.decode = decode_config(DecodeConfig() if decode is None else decode, {})
-        self.model, self.tokenizer, self.device, self.path = model, tokenizer, torch.device(device), path
+            settings = decode_config(DecodeConfig() if decode is None else decode, {})
+            self.decode = decode_settings(settings, device, model)
+        if not isinstance(model, CT2Model):
+            model.eval()  # once: calls never flip it (threads may share the model)
+        self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
         self.threads = None if isinstance(model, CT2Model) else threads
 
     @classmethod
@@ -104,24 +108,18 @@ class Translator:
         """Load a checkpoint directory or a CTranslate2 export (`mt-export`).
 
         Args:
-            path: a checkpoint directory (`model.safetensors`, `model.json`, ...) or an
-                export directory (`export.json` beside CTranslate2's files).
-            device: `auto` (CUDA where there is a GPU, else the CPU), `cpu`, `cuda` or
-                `cuda:N` (or a `torch.device`): mt-translate's `device`.
+            path: a checkpoint directory (`model.json`, ...) or an export (`export.json`).
+            device: `auto` (CUDA where there is a GPU), `cpu`, `cuda`, `cuda:N`.
             precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
-                native bf16, else fp32), `fp32`, `bf16` or `fp16` (CUDA only). An export
-                computes in the type it was exported with and takes only `auto`.
-            threads: CPU threads. A checkpoint: torch's, set for each of the translator's
-                calls and restored after it (None: torch's setting as it is). An export:
-                CTranslate2's workers, its own (None: 2). mt-translate's `threads`.
-            **settings: defaults for `translate`, by `DecodeConfig` field name
-                (`method="greedy"`, `beam_size=8`, ...; `nbest` is `translate`'s alone).
+                native bf16, else fp32), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
+            threads: a checkpoint: torch's threads during the calls (None: as they are);
+                an export: CTranslate2's workers (None: 2). mt-translate's `threads`.
+            **settings: defaults for `translate` by `DecodeConfig` field name (not `nbest`).
 
         Raises:
-            CheckpointError: `path` is not a checkpoint directory or an export, or is
-                incomplete or corrupt (the message names the path).
-            ConfigError: a bad device, thread count or setting (the message names the
-                keyword), or an export that needs ctranslate2 (`pip install -e ".[ct2]"`).
+            CheckpointError: not a checkpoint or an export, or a broken one (path named).
+            ConfigError: a bad device, thread count or setting (keyword named), or an
+                export without ctranslate2 (`pip install -e ".[ct2]"`).
         """
         with as_arguments():
             model, tokenizer, where, torch_device, decode = _open(path, str(device), precision,
@@ -155,40 +153,39 @@ class Translator:
                   **settings: Any) -> list[list[Translation]]: ...
 
     def translate(self, lines: str | Iterable[str], *, nbest: int | None = None,
-                  return_scores: bool = False, **settings: Any) -> Any:
+                  return_scores: bool = False, return_attention: bool = False,
+                  target_prefix: str | Iterable[str | None] | None = None,
+                  **settings: Any) -> Any:
         """Translate lines, as `mt-translate` translates the lines of a file.
 
-        Each line is normalised and split into sentences, translated together (batched by
-        length) and joined again: one result per line, in input order; an empty line
-        gives "". All lines are read first (`translate_iterable` reads a batch at a time).
+        Each line is split into sentences, translated (batched by length) and joined
+        again: one result per line, in order; "" gives "". All lines are read first.
 
         Args:
             lines: the Italian lines; a single string is one line.
-            nbest: None: each line's best translation. k: each line's k best, best first,
-                as a list (mt-translate's `decode.nbest`; needs `method="beam"` and
-                k <= beam_size; an empty line gives [""]).
-            return_scores: give `Translation(text, score)`s instead of strings: the
-                search's length-normalised score; for a line of several sentences, the sum
-                of theirs (n-best: the k-th entry joins the sentences' k-th hypotheses).
-                An empty line scores 0.0.
-            **settings: this call's decode settings, by `DecodeConfig` field name
-                (`method`, `beam_size`, `lenpen`, `max_len_a`, `max_len_b`, `min_len`,
-                `max_tokens`, `precision`, `split_sentences`); the others are the
-                Translator's (`load`'s, else beam 5, lenpen 0.6).
+            nbest: None: each line's best. k: a list of its k best, best first (beam
+                search, k <= beam_size; an empty line gives [""]).
+            return_scores: give `Translation`s: the search's score (a line of several
+                sentences: the sum of theirs; an empty line: 0.0), `tokens`, `token_scores`.
+            return_attention: also `source_tokens`, `attention`, `alignment` (a checkpoint's).
+            target_prefix: a text per line (a str for a single line) or None: forced
+                first pieces, scored as the model scores them (`Translation`).
+            **settings: this call's decode settings, by `DecodeConfig` field name; the
+                others are the Translator's (`load`'s, else beam 5, lenpen 0.6).
 
-        Returns:
-            One result per line (for a single str, its result): a str, a `Translation`
-            with `return_scores`, and with `nbest` a list of those.
+        Returns per line (for a str, one) a str or a `Translation`; with `nbest` a list.
 
         Raises:
-            ConfigError: a bad setting (the message names the keyword, e.g. `beam_size=0`).
-            TypeError: a line that is not a str, or bytes given for lines.
+            ConfigError: a bad setting (named: `beam_size=0`), a prefix past its line's
+                length limit, attention of an export.
+            TypeError: a line that is not a str, or bytes. ValueError: not one prefix a line.
         """
         batch, single = as_lines(lines)
         cfg = self._config(settings, nbest)
+        prefixes = encode_prefixes(self.tokenizer, target_prefix, len(batch), single)
         with as_arguments(), torch_threads(self.threads):
-            found = translate_nbest(self.model, self.tokenizer, batch, cfg, self.device)
-        out = [_shaped(hyps, nbest, return_scores) for hyps in found]
+            out = translate_batch(self.model, self.tokenizer, batch, cfg, self.device, nbest,
+                                  return_scores or return_attention, return_attention, prefixes)
         return out[0] if single else out
 
     @overload
@@ -205,15 +202,14 @@ class Translator:
                            **settings: Any) -> Iterator[list[Translation]]: ...
 
     def translate_iterable(self, lines: Iterable[str], *, nbest: int | None = None,
-                           return_scores: bool = False, **settings: Any) -> Iterator[Any]:
+                           return_scores: bool = False, return_attention: bool = False,
+                           **settings: Any) -> Iterator[Any]:
         """Translate any iterable of lines lazily: one result per line, in input order.
 
-        Lines are read a decoding batch's worth at a time (`max_tokens` source tokens, at
-        most that many lines), translated as `translate` translates them and given back
-        before more are read: a million-line generator is never held whole. From a file
-        object with a descriptor (`sys.stdin`, a pipe), a batch also ends when no further
-        line is waiting: an interactive input gets each line back at once. `nbest`,
-        `return_scores` and the settings are `translate`'s, checked at the call.
+        Lines are read a decoding batch's worth at a time (`max_tokens` source tokens or
+        lines) and given back before more are read; from a file object with a descriptor
+        (`sys.stdin`, a pipe) a batch also ends when no further line is waiting. The
+        keywords are `translate`'s (but `target_prefix`), checked at the call.
 
         Raises:
             ConfigError: a bad setting, at the call (named by its keyword).
@@ -223,47 +219,51 @@ class Translator:
         check_iterable(lines)
         cfg = self._config(settings, nbest)
         with as_arguments():
-            found = iter_nbest(self.model, self.tokenizer, lines, cfg, self.device,
-                               ready=input_ready(lines), around=lambda: torch_threads(self.threads))
-        return _results(found, nbest, return_scores)
+            cfg = decode_settings(cfg, self.device, self.model)  # a bad setting before any line
+        return translate_windows(self.model, self.tokenizer, lines, cfg, self.device, nbest,
+                                 return_scores or return_attention, return_attention,
+                                 around=lambda: torch_threads(self.threads))
 
     @overload
-    def score(self, sources: str, targets: str, **settings: Any) -> float: ...
+    def score(self, sources: str, targets: str | list[str], *,
+              return_tokens: Literal[False] = False, **settings: Any) -> float: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str], **settings: Any) -> list[float]: ...
+    def score(self, sources: str, targets: str | list[str], *, return_tokens: Literal[True],
+              **settings: Any) -> tuple[float, list[float]]: ...
+    @overload
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+              return_tokens: Literal[False] = False, **settings: Any) -> list[float]: ...
+    @overload
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+              return_tokens: Literal[True], **settings: Any) -> list[tuple[float, list[float]]]: ...
 
-    def score(self, sources: str | Iterable[str], targets: str | Iterable[str],
-              **settings: Any) -> float | list[float]:
-        """The model's score of each given translation, as the search scores its own:
-        `translate(line, return_scores=True).score` for the text it gave back.
-
-        The log-probabilities of its tokens and EOS (teacher forcing), summed, over
-        ((5 + |y|) / 6) ** lenpen; a line's translation is split by the sentence splitter
-        and each part scored against the source's sentence, the scores summed (a line
-        whose parts do not match its sentences in number is scored whole, with a
-        warning). The text is tokenised again: a text `translate` gave back scores as its
-        search scored it when SentencePiece encodes it to the pieces the search chose.
+    def score(self, sources: str | Iterable[str], targets: str | list[str] | Iterable[str | list[str]],
+              *, return_tokens: bool = False, **settings: Any) -> Any:
+        """The model's score of each given translation, as the search scores its own
+        (`scoring.score_lines`). A text is tokenised again; pieces (`Translation.tokens`)
+        are scored as they are: the search's score for a line of one sentence.
 
         Args:
             sources: the Italian lines (or one str).
-            targets: their translations, one per source (a str with a str).
+            targets: one per source (one with a str): a text or a list of pieces.
+            return_tokens: give (score, token_scores) per line (`Translation.token_scores`).
             **settings: as for `translate`; `lenpen`, `split_sentences`, `max_tokens`,
-                `precision` apply, and for an export `min_len` (module docstring).
+                `precision` apply, and for an export `min_len`.
 
-        Returns:
-            A float per line (for a str, one float).
+        Returns a float per line (for a str, one float); with return_tokens (float, list).
 
         Raises:
-            ConfigError: a bad setting. TypeError: lines that are not str.
-            ValueError: sources and targets of different lengths, or a translation longer
-                than the model writes.
+            ConfigError: a bad setting. TypeError: lines that are not str. ValueError:
+                unpaired lines, a target too long, a piece not in the vocabulary.
         """
         src, tgt, single = as_pairs(sources, targets)
         cfg = self._config(settings, None)
+        details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
             cfg = decode_settings(cfg, self.device, self.model)
-            scores = score_lines(self.model, self.tokenizer, src, tgt, cfg, self.device)
-        return scores[0] if single else scores
+            scores = score_lines(self.model, self.tokenizer, src, tgt, cfg, self.device, details)
+        out = scores if details is None else list(zip(scores, details, strict=True))
+        return out[0] if single else out
 
     def _config(self, settings: dict[str, Any], nbest: int | None) -> DecodeConfig:
         with as_arguments():  # this call's settings, checked (a ConfigError names the keyword)
@@ -308,17 +308,3 @@ def _warn_if_spinning(threads: int) -> None:
                     "while they wait: set OMP_WAIT_POLICY=PASSIVE before importing torch "
                     "(greedy decoding ran 7x faster with it on a loaded 2-core CPU; "
                     "docs/decoding.md, 'Nothing process-wide')", load, cores)
-
-
-def _results(found: Iterator[list[tuple[str, float]]], nbest: int | None,
-             scores: bool) -> Iterator[Any]:
-    with as_arguments():  # errors raised while the lines are read and translated
-        for hyps in found:
-            yield _shaped(hyps, nbest, scores)
-
-
-def _shaped(hyps: list[tuple[str, float]], nbest: int | None, scores: bool) -> Any:
-    """A line's n-best list as `translate` returns it."""
-    if nbest is None:
-        return Translation(*hyps[0]) if scores else hyps[0][0]
-    return [Translation(*h) for h in hyps] if scores else [text for text, _ in hyps]

@@ -1,0 +1,160 @@
+"""A forced target prefix and no repeated n-grams: by hand on the step's logits, then in
+greedy and beam search (our model and its export), through `Translator` and mt-translate.
+
+Properties: every output starts with its prefix; its score is what `score` gives its
+tokens (the prefix scored as the model scores it); no output repeats an n-gram; without
+either the search is what it was; bad values are one-line errors naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from transformer import Translator
+from transformer.commands import translate as translate_command
+from transformer.config import ConfigError, DecodeConfig
+from transformer.decoding.constraints import Constraints, ban_repeats, force_prefix
+from transformer.decoding.search import search
+
+from helpers import pad_batch, tiny_model
+
+LINES = ["Che ore sono?", "Ti chiamo stasera.", "Sì, certo!", "Ciao", "Ci vediamo martedì alle due."]
+PREFIXES = ["Hello there", None, "Yes", "", "We see"]
+SHORT = dict(max_len_a=0, max_len_b=12)
+SEARCHES = [dict(method="greedy"), dict(beam_size=3, nbest=2)]
+
+
+def test_ban_repeats_rules_out_the_tokens_that_close_a_written_ngram():
+    logits = torch.zeros(2, 10)
+    written = torch.tensor([[5, 6, 7, 5], [4, 4, 4, 9]])  # row 0: 5 was followed by 6
+    ban_repeats(logits, written, 2)
+    assert (logits[0] == -math.inf).nonzero().flatten().tolist() == [6]
+    assert not (logits[1] == -math.inf).any()  # 9 never came before
+    logits = torch.zeros(2, 10)
+    ban_repeats(logits, written, 1)  # a 1-gram: every token written
+    assert (logits[0] == -math.inf).nonzero().flatten().tolist() == [5, 6, 7]
+    logits = torch.zeros(2, 10)
+    ban_repeats(logits, written, 3)  # (4, 4) was followed by 4
+    assert (logits[1] == -math.inf).nonzero().flatten().tolist() == [] and not (logits[0] < 0).any()
+    ban_repeats(logits, torch.tensor([[4, 4, 4], [1, 2, 3]]), 3)
+    assert (logits[0] == -math.inf).nonzero().flatten().tolist() == [4]
+    ban_repeats(logits, written[:, :1], 2)  # too short for any n-gram: nothing changes
+
+
+def test_force_prefix_keeps_the_wanted_tokens_logit_only():
+    logits = torch.arange(12.0).view(2, 6)
+    force_prefix(logits, torch.tensor([4, -1]))  # row 1: its prefix is over
+    assert logits[0].tolist() == [-math.inf] * 4 + [4.0, -math.inf]
+    assert logits[1].tolist() == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+
+
+def test_no_constraints_build_nothing_and_bad_sizes_are_refused():
+    assert Constraints.build(None, 0, "cpu") is None
+    assert Constraints.build([None, []], 0, "cpu") is None
+    with pytest.raises(ValueError, match="no_repeat_ngram_size=17"):
+        Constraints.build(None, 17, "cpu")
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_a_search_starts_with_its_prefix_and_repeats_no_ngram(method):
+    model = tiny_model(seed=1)
+    src = pad_batch([[5, 6, 7, 8], [9, 10], [11, 12, 13]])
+    cfg = DecodeConfig(method=method, beam_size=3, nbest=1 if method == "greedy" else 3,
+                       max_len_a=0, max_len_b=12, lenpen=0.0)
+    plain = search(model, src, cfg)
+    assert any(len(h.tokens) != len(set(h.tokens)) for hyps in plain for h in hyps)  # it repeats
+    prefixes = [[20, 21, 20], None, [22]]
+    found = search(model, src, cfg, prefixes)
+    for prefix, hyps in zip(prefixes, found, strict=True):
+        for h in hyps:
+            assert h.tokens[:len(prefix or [])] == (prefix or [])
+    for n in (1, 2, 3):
+        no_repeats = search(model, src, DecodeConfig(**{**cfg.__dict__, "no_repeat_ngram_size": n}))
+        for hyps in no_repeats:
+            for h in hyps:
+                grams = [tuple(h.tokens[i:i + n]) for i in range(len(h.tokens) - n + 1)]
+                assert len(grams) == len(set(grams))
+    assert search(model, src, cfg, [None, None, None]) == plain  # no prefix: as before
+
+
+@pytest.mark.parametrize("keywords", SEARCHES, ids=["greedy", "beam"])
+def test_a_prefixed_translation_is_scored_as_the_model_scores_it(checkpoint, keywords):
+    translator = Translator.load(checkpoint, **SHORT)
+    check_prefixes(translator, keywords)
+
+
+@pytest.mark.parametrize("keywords", SEARCHES, ids=["greedy", "beam"])
+def test_an_exports_prefix_and_ngram_rule_score_as_the_model_scores(checkpoint, keywords, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from transformer.commands.export import export
+    from transformer.deploy.ct2_export import ExportConfig
+
+    out = export(ExportConfig(checkpoint=str(checkpoint), output=str(tmp_path / "ct2")))
+    check_prefixes(Translator.load(out, device="cpu", threads=1, **SHORT), keywords)
+
+
+def check_prefixes(translator: Translator, keywords: dict) -> None:
+    found = translator.translate(LINES, target_prefix=PREFIXES, return_scores=True, **keywords)
+    for line, prefix, entry in zip(LINES, PREFIXES, found, strict=True):
+        start = translator.tokenizer.pieces(prefix) if prefix else []
+        for t in entry if isinstance(entry, list) else [entry]:
+            assert t.tokens[:len(start)] == start
+            assert translator.score(line, t.tokens, **keywords) == pytest.approx(t.score, abs=1e-4)
+    found = translator.translate(LINES, no_repeat_ngram_size=2, return_scores=True, **keywords)
+    for line, entry in zip(LINES, found, strict=True):
+        for t in entry if isinstance(entry, list) else [entry]:
+            grams = list(zip(t.tokens, t.tokens[1:], strict=False))
+            assert len(grams) == len(set(grams))
+            assert translator.score(line, t.tokens, **keywords) == pytest.approx(t.score, abs=1e-4)
+    one = translator.translate(LINES[0], target_prefix="Hello", return_scores=True, method="greedy")
+    assert one.tokens[:2] == translator.tokenizer.pieces("Hello")[:2]
+
+
+def test_bad_prefixes_and_ngram_sizes_are_one_line_errors(checkpoint):
+    translator = Translator.load(checkpoint, method="greedy", **SHORT)
+    with pytest.raises(ValueError, match="target_prefix holds 1 entries for 2 lines"):
+        translator.translate(["Ciao", "Sì"], target_prefix=["Hi"])
+    with pytest.raises(TypeError, match=r"target_prefix\[1\] is a int"):
+        translator.translate(["Ciao", "Sì"], target_prefix=["Hi", 3])
+    with pytest.raises(TypeError, match="give a str with a single line"):
+        translator.translate("Ciao", target_prefix=["Hi"])
+    with pytest.raises(ConfigError, match=r"^target_prefix of line 2: \d+ tokens, above its length limit of 2"):
+        translator.translate(["Ciao", "Sì"], target_prefix=[None, "a long prefix here"], max_len_b=2)
+    with pytest.raises(ConfigError, match=r"^no_repeat_ngram_size=17: must be <= 16"):
+        translator.translate("Ciao", no_repeat_ngram_size=17)
+    with pytest.raises(ConfigError, match=r"^no_repeat_ngram_size=-1: must be >= 0"):
+        translator.translate("Ciao", no_repeat_ngram_size=-1)
+
+
+def test_mt_translate_takes_the_ngram_rule_and_a_prefix_file(checkpoint, tmp_path, monkeypatch, capsys):
+    source, prefix = tmp_path / "in.it", tmp_path / "prefix.en"
+    source.write_text("\n".join(LINES) + "\n")
+    prefix.write_text("\n".join(p or "" for p in PREFIXES) + "\n")
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", f"input.file={source}",
+                                      f"input.prefix_file={prefix}", "decode=greedy", "decode.max_len_a=0",
+                                      "decode.max_len_b=12", "decode.no_repeat_ngram_size=2"])
+    translate_command.main()
+    printed = capsys.readouterr().out.splitlines()
+    expected = Translator.load(checkpoint).translate(
+        LINES, target_prefix=PREFIXES, method="greedy", no_repeat_ngram_size=2, **SHORT)
+    assert printed == expected
+
+
+def test_mt_translate_refuses_a_prefix_file_it_cannot_pair(checkpoint, tmp_path, monkeypatch):
+    source, prefix = tmp_path / "in.it", tmp_path / "prefix.en"
+    source.write_text("Ciao\nSì\n")
+    prefix.write_text("Hi\n")
+    for overrides, message in [
+        ([f"input.file={source}"], f"mt-translate: error: input.prefix_file={prefix} has 1 line(s) "
+                                   "and the input 2: give one prefix line"),
+        ([], f"mt-translate: error: input.prefix_file='{prefix}': pairs its lines with input.file's"),
+    ]:
+        monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}",
+                                          f"input.prefix_file={prefix}", *overrides])
+        with pytest.raises(SystemExit) as exit_info:
+            translate_command.main()
+        assert str(exit_info.value.code).startswith(message)
