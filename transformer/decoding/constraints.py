@@ -45,7 +45,7 @@ class Constraints:
     def build(cls, prefixes: Sequence[Sequence[int] | None] | None, no_repeat_ngram_size: int,
               device: torch.device | str) -> Constraints | None:
         """The constraints of a batch: `prefixes` one per sentence (None or [] for none);
-        None when there are none, so that a search without them runs as it always did."""
+        None when there are none, so that a search without them dispatches nothing more."""
         if no_repeat_ngram_size < 0 or no_repeat_ngram_size > MAX_NO_REPEAT_NGRAM:
             raise ValueError(f"no_repeat_ngram_size={no_repeat_ngram_size}: need 0 <= n <= "
                              f"{MAX_NO_REPEAT_NGRAM}")
