@@ -47,15 +47,20 @@ class ScriptedModel:
 
     def decode(self, tgt_in_ids, memory, src_ids, cache: DecoderCache | None = None):
         self.fed_lengths.append(tgt_in_ids.size(1))
+        # Each row's ids: its script's id (the source's first id), then BOS and the target.
+        # With a cache the source comes only with the first call, as with the real model;
+        # the cache's `tgt_ids` keep the rows, following its reorders.
         ids = tgt_in_ids
+        if cache is None or cache.tgt_ids is None:
+            ids = torch.cat([src_ids[:, :1], tgt_in_ids], dim=1)
+        else:
+            ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
         if cache is not None:
-            if cache.tgt_ids is not None:
-                ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
             cache.tgt_ids = ids
         logits = torch.full((*tgt_in_ids.shape, self.cfg.vocab_size), -math.inf)
         for row in range(ids.size(0)):
-            script = self.scripts[int(src_ids[row, 0])]
-            probs = script.get(tuple(ids[row, 1:].tolist()), {EOS: 1.0})
+            script = self.scripts[int(ids[row, 0])]
+            probs = script.get(tuple(ids[row, 2:].tolist()), {EOS: 1.0})
             for tok, p in probs.items():
                 logits[row, -1, tok] = ln(p)
         return logits

@@ -57,6 +57,11 @@ __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "
 # The CUDA value is a first guess, to be measured (scripts/gpu_check.py, decode step).
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
+# Device types whose finished rows leave in powers of two (`_live_rows`): a GPU replays a
+# compiled or graphed step per shape, so a batch should have few. A CPU runs eagerly, and
+# dropping every finished row at once is what pays there.
+BUCKETS = {"cuda"}
+
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
 # on a slow path: once a model is confident most of its (N, V) log-probabilities are that
 # small, and a loss built on torch.logsumexp ran 6x slower (2.1 s instead of 0.36 s on
@@ -99,75 +104,74 @@ def longest_output(model, src_ids: torch.Tensor, a: float, b: int, min_len: int)
 
 
 class _Stepper:
-    """Feeds one token per row, returns next-token logits, and follows row choices.
+    """Feeds one token per row, returns next-token log-probabilities, and follows the
+    search's choice of rows.
 
-    use_cache=False re-runs the decoder over the whole prefix at every step (what
-    `torch.nn.Transformer` users do); it is the reference for tests and benchmarks.
+    With a cache (`DecoderCache`, preallocated to the batch's length bound and rows) each
+    step feeds the rows' last tokens only, and the encoder memory is dropped after the
+    first step, whose cross-attention keys and values the cache keeps. use_cache=False
+    re-runs the decoder over the whole prefix at every step (what `torch.nn.Transformer`
+    users do); it is the reference for tests and benchmarks.
     """
 
-    def __init__(self, model, src_ids: torch.Tensor, use_cache: bool = True) -> None:
+    def __init__(self, model, src_ids: torch.Tensor, bound: int, max_rows: int,
+                 use_cache: bool = True) -> None:
         self.model = model
-        self.src_ids = src_ids  # (R, S)
-        self.memory = model.encode(src_ids)  # (R, S, D)
-        self.cache = DecoderCache() if use_cache else None
+        self.src_ids: torch.Tensor | None = src_ids  # (R, S) without a cache, else (B, S)
+        self.memory: torch.Tensor | None = model.encode(src_ids)  # likewise (., S, D)
+        self.cache = DecoderCache(bound + 1, max_rows) if use_cache else None
         bos = model.cfg.bos_id
-        self.tgt_ids = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, t+1)
+        self.fed = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, 1), (R, t+1)
 
-    def select(self, index: torch.Tensor, same_sources: bool = False) -> None:
-        """Keep rows `index` (R',), in that order: beam selection and finished rows.
+    def log_probs(self) -> torch.Tensor:
+        """Next-token log-probabilities (R, V), float32: one log-softmax over the logits."""
+        logits = self.model.decode(self.fed, self.memory, self.src_ids, self.cache)
+        if self.cache is not None:  # the cache holds what it needs of them
+            self.memory = self.src_ids = None
+        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)
 
-        same_sources: every row moves to a row of the same sentence (so the same source,
-        memory and cross-attention cache), which then need no copying.
-        """
-        if not same_sources:
-            self.src_ids = self.src_ids.index_select(0, index)
-            self.memory = self.memory.index_select(0, index)
-        self.tgt_ids = self.tgt_ids.index_select(0, index)
-        if self.cache is not None and len(self.cache):
-            self.cache.reorder(index, cross=not same_sources)
-
-    def logits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next-token logits (R, V) and their logsumexp (R,), float32.
-
-        log p = logits - logsumexp; callers add the two only where they need to, which
-        saves a pass over (R, V) compared with log_softmax.
-        """
+    def advance(self, index: torch.Tensor | None, tokens: torch.Tensor,
+                sentences: torch.Tensor | None = None) -> None:
+        """Row i of the next step is row index[i] (R',) of this step (None: row i) plus
+        tokens[i]. sentences (A',): the sentences kept, when some were dropped; None:
+        every row stays among its own sentence's rows."""
         if self.cache is None:
-            logits = self.model.decode(self.tgt_ids, self.memory, self.src_ids)
-        else:
-            new = self.tgt_ids if not len(self.cache) else self.tgt_ids[:, -1:]
-            logits = self.model.decode(new, self.memory, self.src_ids, self.cache)
-        logits = logits[:, -1].float()
-        return logits, logsumexp(logits)  # clamped exp: fast on a confident model's logits
-
-    def append(self, tokens: torch.Tensor) -> None:
-        self.tgt_ids = torch.cat([self.tgt_ids, tokens[:, None]], dim=1)
-
-
-def _forbid(logits: torch.Tensor, step: int, min_len: int, cfg) -> torch.Tensor:
-    """Forbid padding and BOS always, and EOS before min_len: in place on logits (R, V)
-    whose logsumexp is already taken. Three columns: no pass over (R, V)."""
-    logits[:, cfg.pad_id] = -math.inf
-    logits[:, cfg.bos_id] = -math.inf
-    if step < min_len:
-        logits[:, cfg.eos_id] = -math.inf
-    return logits
+            prefix = self.fed if index is None else self.fed.index_select(0, index)
+            self.fed = torch.cat([prefix, tokens[:, None]], dim=1)
+            if index is not None:
+                self.memory = self.memory.index_select(0, index)
+                self.src_ids = self.src_ids.index_select(0, index)
+            return
+        if index is not None:
+            self.cache.reorder(index, cross=False if sentences is None else sentences)
+        self.fed = tokens[:, None]
 
 
-def _live_rows(done: torch.Tensor, step: int, sync_every: int) -> torch.Tensor | None:
+def _forbidden(cfg, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids never chosen (padding and BOS: fairseq and JoeyNMT forbid them too), and
+    those forbidden before min_len (EOS as well), for one `index_fill_` a step: three
+    columns, no pass over (R, V). Their probability still counts in the normalisation."""
+    always = torch.tensor([cfg.pad_id, cfg.bos_id], device=device)
+    return always, torch.cat([always, torch.tensor([cfg.eos_id], device=device)])
+
+
+def _live_rows(open_: torch.Tensor, step: int, sync_every: int, buckets: bool) -> torch.Tensor | None:
     """The rows to keep after a step, (A',) in order; None: keep them all; an empty
-    tensor: every sentence is done. done (A,) bool, on the device.
+    tensor: every sentence is done. open_ (A,) bool, on the device: not done.
 
     The step's one host read, every `sync_every` steps: how many are live. The rows
     themselves come from a stable sort of the done flags (live first, in order), which
-    needs no read, unlike `nonzero`.
+    needs no read, unlike `nonzero`. buckets: keep the live rows padded with done ones to
+    a power of two, so that a batch sees a handful of shapes (a compiled or graphed step
+    one per shape); the done rows' candidates are not filed (`open_` gates them).
     """
     if (step + 1) % sync_every:
         return None
-    live = int((~done).sum())
-    if live == done.numel():
+    live = int(open_.sum())
+    keep = 1 << max(live - 1, 0).bit_length() if buckets and live else live
+    if keep >= open_.numel():
         return None
-    return torch.sort(done.to(torch.uint8), stable=True).indices[:live]
+    return torch.sort(open_.to(torch.uint8), descending=True, stable=True).indices[:keep]
 
 
 @torch.inference_mode()
@@ -180,6 +184,7 @@ def greedy_search(
     lenpen: float = 0.0,
     use_cache: bool = True,
     sync_every: int = 1,
+    buckets: bool = False,
 ) -> list[Hypothesis]:
     """src_ids (B, S) -> the most probable next token at every step, one per sentence.
 
@@ -195,6 +200,8 @@ def greedy_search(
             position at each step (the tests compare the two).
         sync_every: steps between the host's reads of how many sentences are live (and
             drops of the finished rows); the result does not depend on it.
+        buckets: finished rows leave in powers of two (`_live_rows`); the result does
+            not depend on it.
 
     Returns:
         One `Hypothesis` per sentence, in input order: its tokens (no BOS or EOS) and its
@@ -209,30 +216,38 @@ def greedy_search(
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     first_max = int(max_len.min())  # the batch's one read before its steps
-    finished = Finished(n, 1, bound, cfg.pad_id, device)
-    stepper = _Stepper(model, src_ids, use_cache)
+    finished = Finished(n, 1, bound + 1, n, device)
+    stepper = _Stepper(model, src_ids, bound, n, use_cache)
+    always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # (A,) batch index of each row
+    rows = alive  # (A,) each row extends itself
     scores = torch.zeros(n, dtype=torch.float32, device=device)  # (A,)
+    open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) not ended yet
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
-        logits, lse = stepper.logits()  # (A, V), (A,)
-        best, tokens = _forbid(logits, step, min_len, cfg).max(dim=-1)
+        logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
+        best, tokens = logp.max(dim=-1)  # (A,)
         if step >= first_max:  # forced EOS where max_len is reached, scored as the model gave it
-            at_max = step >= max_len[alive]
-            best = torch.where(at_max, logits[:, cfg.eos_id], best)
+            at_max = step >= max_len
+            best = torch.where(at_max, logp[:, cfg.eos_id], best)
             tokens = tokens.masked_fill(at_max, cfg.eos_id)
-        scores += best - lse
-        rows = torch.arange(alive.numel(), device=device)[:, None]
-        finished.add(alive, (tokens == cfg.eos_id)[:, None], scores[:, None], rows, stepper.tgt_ids)
-        done = finished.close(alive)
-        stepper.append(tokens)
+        scores += best
+        is_eos = tokens == cfg.eos_id
+        finished.add(step, alive, torch.where(is_eos & open_, scores, math.nan)[:, None], rows[:, None])
+        open_ = open_ > is_eos  # and not EOS
         if step == bound:
             break
-        keep = _live_rows(done, step, sync_every)
-        if keep is not None:
-            if not keep.numel():
-                break
-            stepper.select(keep)
-            alive, scores = alive[keep], scores[keep]
+        keep = _live_rows(open_, step, sync_every, buckets)
+        if keep is None:
+            finished.follow(step, rows, tokens)
+            stepper.advance(None, tokens)
+            continue
+        if not keep.numel():
+            break
+        tokens = tokens[keep]
+        finished.follow(step, keep, tokens)
+        stepper.advance(keep, tokens, sentences=keep)
+        alive, scores, open_, max_len = alive[keep], scores[keep], open_[keep], max_len[keep]
+        rows = torch.arange(keep.numel(), device=device)
     return [hyps[0] for hyps in finished.hypotheses(lenpen)]
 
 
@@ -248,6 +263,7 @@ def beam_search(
     min_len: int = 1,
     use_cache: bool = True,
     sync_every: int = 1,
+    buckets: bool = False,
 ) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
@@ -267,6 +283,8 @@ def beam_search(
             position at each step (the tests compare the two).
         sync_every: steps between the host's reads of how many sentences are live (and
             drops of the finished rows); the result does not depend on it.
+        buckets: finished sentences leave in powers of two (`_live_rows`); the result
+            does not depend on it.
 
     Returns:
         For each sentence, in input order, up to `nbest` `Hypothesis`es, best
@@ -284,42 +302,51 @@ def beam_search(
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     first_max = int(max_len.min())  # the batch's one read before its steps
-    finished = Finished(n, k, bound, cfg.pad_id, device)
-    stepper = _Stepper(model, src_ids, use_cache)
+    finished = Finished(n, k, bound + 1, n * k, device)
+    stepper = _Stepper(model, src_ids, bound, n * k, use_cache)
+    always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # batch index of each live sentence (A,)
+    open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) not done
+    count = torch.zeros(n, dtype=torch.long, device=device)  # (A,) hypotheses finished
     # One row per sentence at the first step (all its beams would be the same BOS): the
     # first selection then fans each sentence out to K rows, cache included.
     scores = torch.zeros(n, 1, device=device)  # (A, W): W beams per sentence, 1 then K
+    first_rows = alive[:, None]  # (A, 1): the first row of each sentence, A * W apart
+    rank = torch.arange(2 * k, device=device)  # candidate order; EOS ones go last
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
-        logits, lse = stepper.logits()  # (A*W, V), (A*W,)
+        logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
         at_max = forced = None
         if step >= first_max:  # (A,): these sentences end here with a forced EOS
-            at_max = step >= max_len[alive]
-            forced = (at_max[:, None].expand(a, w).reshape(-1), cfg.eos_id)
-        top_scores, top_beam, top_tok = best_continuations(
-            _forbid(logits, step, min_len, cfg), scores.view(-1) - lse, w, 2 * k, forced)
+            at_max = step >= max_len
+            forced = (at_max.repeat_interleave(w), cfg.eos_id)
+        top_scores, top_beam, top_tok = best_continuations(logp, scores.view(-1), w, 2 * k, forced)
         # EOS candidates among the first K finish; the first K others are the live beams.
         is_eos = top_tok == cfg.eos_id  # (A, 2K)
-        ends = is_eos[:, :k] & top_scores[:, :k].isfinite()
-        first_rows = torch.arange(a, device=device)[:, None] * w
-        finished.add(alive, ends, top_scores[:, :k], first_rows + top_beam[:, :k], stepper.tgt_ids)
-        rank = torch.arange(top_tok.size(1), device=device) + is_eos * top_tok.size(1)
-        pick = rank.topk(min(k, rank.size(1)), dim=-1, largest=False).indices  # (A, K)
-        scores = top_scores.gather(1, pick)
-        beams, tokens = top_beam.gather(1, pick), top_tok.gather(1, pick)
-        done = finished.close(alive, also=at_max)  # (A,)
+        ends = is_eos[:, :k] & top_scores[:, :k].isfinite() & open_[:, None]  # (A, K)
+        finished.add(step, alive, torch.where(ends, top_scores[:, :k], math.nan),
+                     first_rows + top_beam[:, :k])
+        count += ends.sum(dim=1)
+        open_ = open_ & (count < k)
+        if at_max is not None:
+            open_ = open_ > at_max
         if step == bound:
             break
-        keep = _live_rows(done, step, sync_every)
+        pick = torch.where(is_eos, rank[:is_eos.size(1)] + is_eos.size(1), rank[:is_eos.size(1)])
+        pick = pick.topk(min(k, pick.size(1)), dim=-1, largest=False).indices  # (A, K)
+        scores = top_scores.gather(1, pick)
+        index = (first_rows + top_beam.gather(1, pick)).flatten()  # (A*K,) rows they extend
+        tokens = top_tok.gather(1, pick).flatten()  # (A*K,)
+        keep = _live_rows(open_, step, sync_every, buckets)
         if keep is not None and not keep.numel():
             break
-        if keep is not None:
-            beams, tokens, scores, alive = beams[keep], tokens[keep], scores[keep], alive[keep]
-            first_rows = first_rows[keep]
-        # Beams move only within their sentence unless a sentence ended or fans out (step 1).
-        stepper.select((first_rows + beams).flatten(), same_sources=w == k and keep is None)
-        stepper.append(tokens.flatten())
+        if keep is not None:  # drop the done sentences and their rows
+            index = index.view(a, -1)[keep].flatten()
+            tokens = tokens.view(a, -1)[keep].flatten()
+            scores, alive, open_, count, max_len = (x[keep] for x in (scores, alive, open_, count, max_len))
+        finished.follow(step, index, tokens)
+        stepper.advance(index, tokens, sentences=keep)
+        first_rows = torch.arange(0, index.numel(), scores.size(1), device=device)[:, None]
     return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished.hypotheses(lenpen)]
 
 
@@ -370,11 +397,13 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothe
     The host reads the device every `SYNC_EVERY[device type]` steps (1 on a CPU).
     """
     sync_every = SYNC_EVERY.get(src_ids.device.type, 1)
+    buckets = src_ids.device.type in BUCKETS
     if cfg.method == "greedy":
         hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
-                             cfg.lenpen, sync_every=sync_every)
+                             cfg.lenpen, sync_every=sync_every, buckets=buckets)
         return [[h] for h in hyps]
     if cfg.method == "beam":
         return beam_search(model, src_ids, cfg.beam_size, cfg.lenpen, cfg.nbest,
-                           cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every)
+                           cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every,
+                           buckets=buckets)
     raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy or beam")
