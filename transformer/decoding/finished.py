@@ -52,7 +52,8 @@ class Finished:
         self.scores = torch.full((steps, n, k), math.nan, device=device)  # raw sums; NaN: none
         self.rows = torch.zeros((steps, n, k), dtype=torch.long, device=device)
         self.tokens = torch.zeros((steps, rows), dtype=torch.long, device=device)
-        self.parents = torch.zeros((steps, rows), dtype=torch.long, device=device)
+        # each row extends its own number unless `follow` says otherwise (greedy search)
+        self.parents = torch.arange(rows, device=device).repeat(steps, 1)
 
     def add(self, step: int, sent: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor) -> None:
         """The candidates of step `step` of the live sentences `sent` (A,): scores (A, K)
@@ -61,9 +62,11 @@ class Finished:
         self.scores[step].index_copy_(0, sent, scores)
         self.rows[step].index_copy_(0, sent, rows)
 
-    def follow(self, step: int, parents: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Row i of step `step` + 1 is row parents[i] (R',) of this step plus tokens[i]."""
-        self.parents[step, :parents.numel()] = parents
+    def follow(self, step: int, parents: torch.Tensor | None, tokens: torch.Tensor) -> None:
+        """Row i of step `step` + 1 is row parents[i] (R',) of this step (None: row i)
+        plus tokens[i]."""
+        if parents is not None:
+            self.parents[step, :parents.numel()] = parents
         self.tokens[step, :tokens.numel()] = tokens
 
     def hypotheses(self, lenpen: float) -> list[list[Hypothesis]]:

@@ -122,13 +122,15 @@ class _Stepper:
         self.cache = DecoderCache(bound + 1, max_rows) if use_cache else None
         bos = model.cfg.bos_id
         self.fed = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, 1), (R, t+1)
+        self.log_p = torch.empty(max_rows, model.cfg.vocab_size, device=src_ids.device)  # written each step
 
     def log_probs(self) -> torch.Tensor:
         """Next-token log-probabilities (R, V), float32: one log-softmax over the logits."""
         logits = self.model.decode(self.fed, self.memory, self.src_ids, self.cache)
         if self.cache is not None:  # the cache holds what it needs of them
             self.memory = self.src_ids = None
-        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32)
+        out = self.log_p[:logits.size(0)]
+        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32, out=out)
 
     def advance(self, index: torch.Tensor | None, tokens: torch.Tensor,
                 sentences: torch.Tensor | None = None) -> None:
@@ -238,7 +240,7 @@ def greedy_search(
             break
         keep = _live_rows(open_, step, sync_every, buckets)
         if keep is None:
-            finished.follow(step, rows, tokens)
+            finished.follow(step, None, tokens)  # each row extends itself
             stepper.advance(None, tokens)
             continue
         if not keep.numel():
@@ -306,53 +308,56 @@ def beam_search(
     stepper = _Stepper(model, src_ids, bound, n * k, use_cache)
     always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # batch index of each live sentence (A,)
-    open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) not done
-    count = torch.zeros(n, dtype=torch.long, device=device)  # (A,) hypotheses finished
+    count = torch.zeros(n, dtype=torch.long, device=device)  # (A,) hypotheses finished; K: done
+    open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) count < K
     # One row per sentence at the first step (all its beams would be the same BOS): the
     # first selection then fans each sentence out to K rows, cache included.
     scores = torch.zeros(n, 1, device=device)  # (A, W): W beams per sentence, 1 then K
-    first_rows = alive[:, None]  # (A, 1): the first row of each sentence, A * W apart
-    rank = torch.arange(2 * k, device=device)  # candidate order; EOS ones go last
+    c = min(2 * k, cfg.vocab_size)  # winners per row (`best_continuations`)
+    rows = candidate_rows(n, 1, c, device)  # (A, W*C), new when the rows change shape
+    rank = torch.arange(2 * k, device=device)  # candidate order: EOS ones after the others
+    rank_eos = rank + 2 * k
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
         logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
-        at_max = forced = None
+        forced = at_max = None
         if step >= first_max:  # (A,): these sentences end here with a forced EOS
             at_max = step >= max_len
-            forced = (at_max.repeat_interleave(w), cfg.eos_id)
-        top_scores, top_beam, top_tok = best_continuations(logp, scores.view(-1), w, 2 * k, forced)
+            forced = (at_max.repeat_interleave(w, output_size=a * w), cfg.eos_id)
+        top_scores, top_rows, top_tok = best_continuations(logp, scores.view(-1), w, 2 * k,
+                                                           forced, rows)  # (A, 2K)
         # EOS candidates among the first K finish; the first K others are the live beams.
         is_eos = top_tok == cfg.eos_id  # (A, 2K)
-        ends = is_eos[:, :k] & top_scores[:, :k].isfinite() & open_[:, None]  # (A, K)
-        finished.add(step, alive, torch.where(ends, top_scores[:, :k], math.nan),
-                     first_rows + top_beam[:, :k])
-        count += ends.sum(dim=1)
-        open_ = open_ & (count < k)
+        ends = torch.where(is_eos[:, :k] & open_[:, None], top_scores[:, :k], math.nan)
+        finished.add(step, alive, ends, top_rows[:, :k])  # (A, K): NaN or -inf where none ends
+        count += (ends > -math.inf).sum(dim=1)
         if at_max is not None:
-            open_ = open_ > at_max
+            count.masked_fill_(at_max, k)
+        open_ = count < k
         if step == bound:
             break
-        pick = torch.where(is_eos, rank[:is_eos.size(1)] + is_eos.size(1), rank[:is_eos.size(1)])
-        pick = pick.topk(min(k, pick.size(1)), dim=-1, largest=False).indices  # (A, K)
-        scores = top_scores.gather(1, pick)
-        index = (first_rows + top_beam.gather(1, pick)).flatten()  # (A*K,) rows they extend
-        tokens = top_tok.gather(1, pick).flatten()  # (A*K,)
+        width = is_eos.size(1)  # 2K, or fewer with a vocabulary under 2K tokens
+        pick = torch.where(is_eos, rank_eos[:width], rank[:width])
+        pick = pick.topk(min(k, width), dim=-1, largest=False).indices  # (A, K)
+        scores = top_scores.gather(1, pick)  # (A, K)
+        index, tokens = top_rows.gather(1, pick).flatten(), top_tok.gather(1, pick).flatten()
         keep = _live_rows(open_, step, sync_every, buckets)
         if keep is not None and not keep.numel():
             break
         if keep is not None:  # drop the done sentences and their rows
             index = index.view(a, -1)[keep].flatten()
             tokens = tokens.view(a, -1)[keep].flatten()
-            scores, alive, open_, count, max_len = (x[keep] for x in (scores, alive, open_, count, max_len))
+            scores, alive, count, open_, max_len = (x[keep] for x in (scores, alive, count, open_, max_len))
         finished.follow(step, index, tokens)
         stepper.advance(index, tokens, sentences=keep)
-        first_rows = torch.arange(0, index.numel(), scores.size(1), device=device)[:, None]
+        if keep is not None or w != scores.size(1):  # new shapes: fan-out or fewer sentences
+            rows = candidate_rows(*scores.shape, c, device)
     return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished.hypotheses(lenpen)]
 
 
 def best_continuations(
     logits: torch.Tensor, offset: torch.Tensor, w: int, n: int,
-    forced_eos: tuple[torch.Tensor, int] | None = None,
+    forced_eos: tuple[torch.Tensor, int] | None = None, rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The n best (row, token) continuations of each sentence, best first.
 
@@ -360,6 +365,9 @@ def best_continuations(
     (offset: the row's score so far minus its logsumexp). Returns (scores, beam, token),
     each (A, min(n, W*V)); beam in [0, W). forced_eos: (rows (A*W,) bool, eos id): those
     rows continue with EOS only, at its own score (a hypothesis at its maximum length).
+
+    rows: None, or (A, W*C) the row number of each row's C winners (`candidate_rows`):
+    then the second output is the row (of all A*W) each continuation extends, not its beam.
 
     A sentence's n best continuations are among each row's n best tokens, since a row's
     offset shifts all its tokens alike: so rank the (A, W*n) row winners, not (A, W*V).
@@ -374,7 +382,14 @@ def best_continuations(
         row_tok = row_tok.masked_fill(forced[:, None], eos)
     cand = (row_top + offset[:, None]).view(-1, w * c)  # (A, W*C)
     top_scores, top_idx = cand.topk(min(n, w * c), dim=-1)  # (A, n), best first
-    return top_scores, top_idx // c, row_tok.view(-1, w * c).gather(1, top_idx)
+    beam = top_idx // c if rows is None else rows.gather(1, top_idx)
+    return top_scores, beam, row_tok.view(-1, w * c).gather(1, top_idx)
+
+
+def candidate_rows(a: int, w: int, c: int, device: torch.device) -> torch.Tensor:
+    """(A, W*C): the row (of A*W) of each of the C winners of each row, as
+    `best_continuations` lays them out for a sentence's W rows."""
+    return torch.arange(a * w, device=device).repeat_interleave(c).view(a, w * c)
 
 
 def search(model, src_ids: torch.Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:

@@ -1,0 +1,51 @@
+"""The weights a model decodes with, in the dtype the decoder step computes in.
+
+A decoder step under autocast casts every fp32 weight it reads to bf16 or fp16, at every
+call: on a CPU, counted on the path a GPU runs, `to` was the most frequent op of
+decoding. A model held in the compute dtype (CTranslate2's `compute_type`) runs without
+autocast and casts nothing. `held_in` swaps such copies in for one call, when a model is
+kept in fp32 for training or by its loader; `text.load_for_inference(dtype=...)` and
+`Translator.load(dtype=...)` load the weights in that dtype once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+def floating_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's floating-point parameters (the first one's), None if none."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
+@contextlib.contextmanager
+def held_in(model: nn.Module, dtype: torch.dtype) -> Iterator[nn.Module]:
+    """Within the block, every floating parameter and buffer of `model` not in `dtype` is
+    replaced by a copy in `dtype` (tied weights stay one tensor); the originals are put
+    back on exit, untouched. Nothing is copied when the model is held in `dtype` already.
+
+    The model is shared with whoever else holds it for the block's duration: use it for a
+    call on a model no other thread trains or decodes with meanwhile.
+    """
+    swapped: list[tuple[dict, str, torch.Tensor]] = []
+    copies: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            for table, is_param in ((module._parameters, True), (module._buffers, False)):
+                for name, tensor in list(table.items()):
+                    if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                        continue
+                    if id(tensor) not in copies:
+                        copy = tensor.detach().to(dtype)
+                        copies[id(tensor)] = nn.Parameter(copy, requires_grad=False) if is_param else copy
+                    swapped.append((table, name, tensor))
+                    table[name] = copies[id(tensor)]
+    try:
+        yield model
+    finally:
+        for table, name, tensor in reversed(swapped):
+            table[name] = tensor
