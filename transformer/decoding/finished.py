@@ -11,8 +11,10 @@ fairseq's beam history), and the raw score of each candidate that ends here (NaN
 none does) with the row it extends. No history is copied while decoding: `hypotheses`
 reads the batch's buffers back in one transfer when it is done, and follows the
 back-pointers on the host. A sentence's hypotheses are its first K ending candidates, in
-step and candidate order (fairseq's rule: a sentence is done once K have finished);
-scores are normalised on the host, in float64.
+step and candidate order, up to its maximum length (fairseq's rule: a sentence is done
+once K have finished, or at its maximum length): what its rows find after that, decoding
+on until the search drops them, is not filed. Scores are normalised on the host, in
+float64.
 """
 
 from __future__ import annotations
@@ -45,10 +47,15 @@ class Finished:
         steps: L + 1, the steps the search may run.
         rows: R_max, the most rows a step has.
         device: where the buffers live (the search's device).
+        max_len: (B,) the most tokens each sentence's hypotheses may have; None: steps - 1.
     """
 
-    def __init__(self, n: int, k: int, steps: int, rows: int, device: torch.device) -> None:
+    def __init__(self, n: int, k: int, steps: int, rows: int, device: torch.device,
+                 max_len: torch.Tensor | None = None) -> None:
         self.n, self.k = n, k
+        # (B,) each sentence's longest hypothesis: what ends later (its rows decoding on
+        # after it was done) is not filed
+        self.max_len = torch.full((n,), steps - 1, device=device) if max_len is None else max_len
         self.scores = torch.full((steps, n, k), math.nan, device=device)  # raw sums; NaN: none
         self.rows = torch.zeros((steps, n, k), dtype=torch.long, device=device)
         self.tokens = torch.zeros((steps, rows), dtype=torch.long, device=device)
@@ -78,17 +85,19 @@ class Finished:
         """
         steps, n, k = self.scores.shape
         packed = torch.cat([self.scores.double().flatten(), self.rows.double().flatten(),
-                            self.tokens.double().flatten(), self.parents.double().flatten()])
+                            self.tokens.double().flatten(), self.parents.double().flatten(),
+                            self.max_len.double()])
         flat = packed.cpu().numpy()  # the batch's one read-back
         cells = steps * n * k
         scores = flat[:cells].reshape(steps, n, k)
         rows = flat[cells:2 * cells].reshape(steps, n, k).astype(np.int64)
+        max_len = flat[-n:].astype(np.int64)
         tokens, parents = (a.reshape(steps, -1).astype(np.int64)
-                           for a in np.split(flat[2 * cells:], 2))
+                           for a in np.split(flat[2 * cells:-n], 2))
         out: list[list[Hypothesis]] = []
         for b in range(n):
             hyps = []
-            for t, j in zip(*np.nonzero(np.isfinite(scores[:, b])), strict=True):
+            for t, j in zip(*np.nonzero(np.isfinite(scores[:max_len[b] + 1, b])), strict=True):
                 if len(hyps) == k:
                     break
                 hyps.append(Hypothesis(_backtrack(tokens, parents, int(t), int(rows[t, b, j])),

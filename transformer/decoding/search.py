@@ -165,7 +165,7 @@ def _live_rows(open_: torch.Tensor, step: int, sync_every: int, buckets: bool) -
     themselves come from a stable sort of the done flags (live first, in order), which
     needs no read, unlike `nonzero`. buckets: keep the live rows padded with done ones to
     a power of two, so that a batch sees a handful of shapes (a compiled or graphed step
-    one per shape); the done rows' candidates are not filed (`open_` gates them).
+    one per shape); what the done rows find is not filed (`finished.Finished`).
     """
     if (step + 1) % sync_every:
         return None
@@ -173,7 +173,7 @@ def _live_rows(open_: torch.Tensor, step: int, sync_every: int, buckets: bool) -
     keep = 1 << max(live - 1, 0).bit_length() if buckets and live else live
     if keep >= open_.numel():
         return None
-    return torch.sort(open_.to(torch.uint8), descending=True, stable=True).indices[:keep]
+    return torch.sort(open_, descending=True, stable=True).indices[:keep]
 
 
 @torch.inference_mode()
@@ -218,7 +218,7 @@ def greedy_search(
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     first_max = int(max_len.min())  # the batch's one read before its steps
-    finished = Finished(n, 1, bound + 1, n, device)
+    finished = Finished(n, 1, bound + 1, n, device, max_len)
     stepper = _Stepper(model, src_ids, bound, n, use_cache)
     always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # (A,) batch index of each row
@@ -234,7 +234,8 @@ def greedy_search(
             tokens = tokens.masked_fill(at_max, cfg.eos_id)
         scores += best
         is_eos = tokens == cfg.eos_id
-        finished.add(step, alive, torch.where(is_eos & open_, scores, math.nan)[:, None], rows[:, None])
+        # an EOS after the sentence's first is not filed: `Finished` keeps its first K
+        finished.add(step, alive, torch.where(is_eos, scores, math.nan)[:, None], rows[:, None])
         open_ = open_ > is_eos  # and not EOS
         if step == bound:
             break
@@ -304,19 +305,16 @@ def beam_search(
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     first_max = int(max_len.min())  # the batch's one read before its steps
-    finished = Finished(n, k, bound + 1, n * k, device)
+    finished = Finished(n, k, bound + 1, n * k, device, max_len)
     stepper = _Stepper(model, src_ids, bound, n * k, use_cache)
     always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # batch index of each live sentence (A,)
     count = torch.zeros(n, dtype=torch.long, device=device)  # (A,) hypotheses finished; K: done
-    open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) count < K
     # One row per sentence at the first step (all its beams would be the same BOS): the
     # first selection then fans each sentence out to K rows, cache included.
     scores = torch.zeros(n, 1, device=device)  # (A, W): W beams per sentence, 1 then K
     c = min(2 * k, cfg.vocab_size)  # winners per row (`best_continuations`)
     rows = candidate_rows(n, 1, c, device)  # (A, W*C), new when the rows change shape
-    rank = torch.arange(2 * k, device=device)  # candidate order: EOS ones after the others
-    rank_eos = rank + 2 * k
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
         logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
@@ -328,17 +326,18 @@ def beam_search(
                                                            forced, rows)  # (A, 2K)
         # EOS candidates among the first K finish; the first K others are the live beams.
         is_eos = top_tok == cfg.eos_id  # (A, 2K)
-        ends = torch.where(is_eos[:, :k] & open_[:, None], top_scores[:, :k], math.nan)
-        finished.add(step, alive, ends, top_rows[:, :k])  # (A, K): NaN or -inf where none ends
+        # A done sentence's later candidates are not filed: `Finished` keeps a sentence's
+        # first K, none past its max length.
+        ends = torch.where(is_eos[:, :k], top_scores[:, :k], math.nan)  # (A, K)
+        finished.add(step, alive, ends, top_rows[:, :k])  # NaN or -inf: none ends
         count += (ends > -math.inf).sum(dim=1)
         if at_max is not None:
             count.masked_fill_(at_max, k)
         open_ = count < k
         if step == bound:
             break
-        width = is_eos.size(1)  # 2K, or fewer with a vocabulary under 2K tokens
-        pick = torch.where(is_eos, rank_eos[:width], rank[:width])
-        pick = pick.topk(min(k, width), dim=-1, largest=False).indices  # (A, K)
+        # the first K others, in order: a stable sort puts the EOS candidates last
+        pick = torch.sort(is_eos, dim=1, stable=True).indices[:, :k]  # (A, K)
         scores = top_scores.gather(1, pick)  # (A, K)
         index, tokens = top_rows.gather(1, pick).flatten(), top_tok.gather(1, pick).flatten()
         keep = _live_rows(open_, step, sync_every, buckets)
@@ -347,7 +346,7 @@ def beam_search(
         if keep is not None:  # drop the done sentences and their rows
             index = index.view(a, -1)[keep].flatten()
             tokens = tokens.view(a, -1)[keep].flatten()
-            scores, alive, count, open_, max_len = (x[keep] for x in (scores, alive, count, open_, max_len))
+            scores, alive, count, max_len = (x[keep] for x in (scores, alive, count, max_len))
         finished.follow(step, index, tokens)
         stepper.advance(index, tokens, sentences=keep)
         if keep is not None or w != scores.size(1):  # new shapes: fan-out or fewer sentences

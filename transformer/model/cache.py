@@ -180,10 +180,21 @@ def _layer_step(layer, x: torch.Tensor, kv: torch.Tensor, cross: torch.Tensor,
                 cache: DecoderCache, i: int, pos: int) -> torch.Tensor:
     """Decoder layer i (layers.DecoderLayer) on x (R, T, D) at positions pos..; kv (2, R, H,
     L, Dh) its self-attention cache, cross (2, A, H, S, Dh) its memory's keys and values."""
-    x = layer.self_attn_res(x, lambda h: _self_attention(layer.self_attn, h, kv, cache.qkv[i], pos))
-    x = layer.cross_attn_res(x, lambda h: _cross_attention(
+    x = _residual(layer.self_attn_res, x, lambda h: _self_attention(layer.self_attn, h, kv, cache.qkv[i], pos))
+    x = _residual(layer.cross_attn_res, x, lambda h: _cross_attention(
         layer.cross_attn, h, cross[0], cross[1], cache.src_mask))
-    return layer.ffn_res(x, layer.ffn)
+    ffn = layer.ffn
+    return _residual(layer.ffn_res, x, lambda h: ffn.linear2(ffn.dropout(ffn.linear1(h).relu_())))
+
+
+def _residual(res, x: torch.Tensor, sublayer) -> torch.Tensor:
+    """`layers.Residual` whose sum is written into the sublayer's new output (a step
+    allocates no tensor for it); the module itself where dropout is on."""
+    if res.training:
+        return res(x, sublayer)
+    if res.pre_norm:
+        return sublayer(res.norm(x)).add_(x)
+    return res.norm(sublayer(x).add_(x))
 
 
 def decode_step(model, tgt_in_ids: torch.Tensor, memory: torch.Tensor | None,
@@ -209,7 +220,7 @@ def decode_step(model, tgt_in_ids: torch.Tensor, memory: torch.Tensor | None,
         raise ValueError(f"the cache holds {kv.size(3)} positions; {pos + t} asked")
     if tgt_in_ids.size(0) != kv.size(1):
         raise ValueError(f"tgt_in_ids has {tgt_in_ids.size(0)} rows, the cache {kv.size(1)}")
-    x = F.embedding(tgt_in_ids, cache.embed, model.cfg.pad_id) + model.sinusoids[pos:pos + t]
+    x = F.embedding(tgt_in_ids, cache.embed, model.cfg.pad_id).add_(model.sinusoids[pos:pos + t])
     cross = cache.cross_kv.tensor  # (2N, A, H, S, Dh)
     for i, layer in enumerate(model.decoder_layers):
         x = _layer_step(layer, x, kv[2 * i:2 * i + 2], cross[2 * i:2 * i + 2], cache, i, pos)
