@@ -169,9 +169,12 @@ def _live_rows(open_: torch.Tensor, step: int, sync_every: int, buckets: bool) -
     """
     if (step + 1) % sync_every:
         return None
-    live = int(open_.sum())
-    keep = 1 << max(live - 1, 0).bit_length() if buckets and live else live
-    if keep >= open_.numel():
+    live, rows = int(open_.sum()), open_.numel()
+    if buckets:  # a power of two
+        keep = 1 << max(live - 1, 0).bit_length() if live else 0
+    else:  # once an eighth is done: fewer ops per row dropped, and little work on done rows
+        keep = live if live <= rows - max(rows // 8, 1) else rows
+    if keep >= rows:
         return None
     return torch.sort(open_, descending=True, stable=True).indices[:keep]
 
@@ -308,13 +311,16 @@ def beam_search(
     finished = Finished(n, k, bound + 1, n * k, device, max_len)
     stepper = _Stepper(model, src_ids, bound, n * k, use_cache)
     always, early = _forbidden(cfg, device)
-    alive = torch.arange(n, device=device)  # batch index of each live sentence (A,)
-    count = torch.zeros(n, dtype=torch.long, device=device)  # (A,) hypotheses finished; K: done
+    # per live sentence (A,): hypotheses finished (K: done), batch index, max length; one
+    # tensor, so that dropping done sentences is one op
+    state = torch.stack([torch.zeros_like(max_len), torch.arange(n, device=device), max_len])
+    count, alive, max_len = state
     # One row per sentence at the first step (all its beams would be the same BOS): the
     # first selection then fans each sentence out to K rows, cache included.
     scores = torch.zeros(n, 1, device=device)  # (A, W): W beams per sentence, 1 then K
     c = min(2 * k, cfg.vocab_size)  # winners per row (`best_continuations`)
-    rows = candidate_rows(n, 1, c, device)  # (A, W*C), new when the rows change shape
+    rows = candidate_rows(n, 1, c, device)  # (A, W*C): fan-out makes W = K, and then
+    fanned = candidate_rows(n, k, c, device)  # fewer sentences keep a prefix of these
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
         logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
@@ -330,7 +336,7 @@ def beam_search(
         # first K, none past its max length.
         ends = torch.where(is_eos[:, :k], top_scores[:, :k], math.nan)  # (A, K)
         finished.add(step, alive, ends, top_rows[:, :k])  # NaN or -inf: none ends
-        count += (ends > -math.inf).sum(dim=1)
+        count += (ends > -math.inf).sum(dim=1)  # not the forced rows' other candidates
         if at_max is not None:
             count.masked_fill_(at_max, k)
         open_ = count < k
@@ -346,11 +352,12 @@ def beam_search(
         if keep is not None:  # drop the done sentences and their rows
             index = index.view(a, -1)[keep].flatten()
             tokens = tokens.view(a, -1)[keep].flatten()
-            scores, alive, count, max_len = (x[keep] for x in (scores, alive, count, max_len))
+            scores, state = scores[keep], state[:, keep]
+            count, alive, max_len = state
         finished.follow(step, index, tokens)
         stepper.advance(index, tokens, sentences=keep)
-        if keep is not None or w != scores.size(1):  # new shapes: fan-out or fewer sentences
-            rows = candidate_rows(*scores.shape, c, device)
+        a, w = scores.size()  # W < K only where the vocabulary holds under K tokens
+        rows = fanned[:a] if w == k else candidate_rows(a, w, c, device)
     return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished.hypotheses(lenpen)]
 
 

@@ -183,8 +183,17 @@ def _layer_step(layer, x: torch.Tensor, kv: torch.Tensor, cross: torch.Tensor,
     x = _residual(layer.self_attn_res, x, lambda h: _self_attention(layer.self_attn, h, kv, cache.qkv[i], pos))
     x = _residual(layer.cross_attn_res, x, lambda h: _cross_attention(
         layer.cross_attn, h, cross[0], cross[1], cache.src_mask))
-    ffn = layer.ffn
-    return _residual(layer.ffn_res, x, lambda h: ffn.linear2(ffn.dropout(ffn.linear1(h).relu_())))
+    return _residual(layer.ffn_res, x, lambda h: _feed_forward(layer.ffn, h))
+
+
+def _feed_forward(ffn, x: torch.Tensor) -> torch.Tensor:
+    """`layers.FeedForward` on x (R, T, D), its first product and ReLU one fused op
+    (`torch._addmm_activation`, what nn.TransformerEncoderLayer's fast path runs)."""
+    if ffn.training:
+        return ffn(x)
+    r, t, d = x.shape
+    hidden = torch._addmm_activation(ffn.linear1.bias, x.reshape(r * t, d), ffn.linear1.weight.t())
+    return ffn.linear2(hidden).view(r, t, d)
 
 
 def _residual(res, x: torch.Tensor, sublayer) -> torch.Tensor:

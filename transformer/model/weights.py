@@ -32,18 +32,22 @@ def held_in(model: nn.Module, dtype: torch.dtype) -> Iterator[nn.Module]:
     call on a model no other thread trains or decodes with meanwhile.
     """
     swapped: list[tuple[dict, str, torch.Tensor]] = []
-    copies: dict[int, torch.Tensor] = {}
-    with torch.no_grad():
-        for module in model.modules():
-            for table, is_param in ((module._parameters, True), (module._buffers, False)):
-                for name, tensor in list(table.items()):
-                    if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
-                        continue
-                    if id(tensor) not in copies:
-                        copy = tensor.detach().to(dtype)
-                        copies[id(tensor)] = nn.Parameter(copy, requires_grad=False) if is_param else copy
+    originals: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                    originals.setdefault(id(tensor), tensor)
                     swapped.append((table, name, tensor))
-                    table[name] = copies[id(tensor)]
+    if originals:
+        with torch.no_grad():  # one cast for all of them: two ops, not two per tensor
+            flat = torch.cat([t.detach().reshape(-1) for t in originals.values()]).to(dtype)
+        parts = flat.split([t.numel() for t in originals.values()])
+        copies = {key: nn.Parameter(part.view(t.shape), requires_grad=False)
+                  if isinstance(t, nn.Parameter) else part.view(t.shape)
+                  for (key, t), part in zip(originals.items(), parts, strict=True)}
+        for table, name, tensor in swapped:
+            table[name] = copies[id(tensor)]
     try:
         yield model
     finally:
