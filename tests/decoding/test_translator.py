@@ -506,3 +506,28 @@ def test_a_busy_machine_without_a_wait_policy_gets_a_warning(words, monkeypatch,
     with caplog.at_level(logging.WARNING):
         Translator.load(words, device="cpu", threads=2)
     assert "OMP_WAIT_POLICY" not in caplog.text
+
+
+def test_load_holds_the_weights_in_the_dtype_it_decodes_in(checkpoint):
+    """dtype=auto: the precision the translator decodes in (fp32 in the suite, which pins
+    'no native bf16'); an explicit dtype is kept, and a call in another precision decodes
+    on copies without touching the held weights."""
+    auto = Translator.load(checkpoint, device="cpu")
+    assert {p.dtype for p in auto.model.parameters()} == {torch.float32}
+    held = Translator.load(checkpoint, device="cpu", dtype="bf16", precision="fp32")
+    assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}
+    weights = {name: p.detach().clone() for name, p in held.model.named_parameters()}
+    assert isinstance(held.translate("Il gatto dorme."), str)  # on fp32 copies
+    assert all(torch.equal(p, weights[name]) for name, p in held.model.named_parameters())
+    assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}
+    with pytest.raises(ConfigError, match="dtype='int8'"):
+        Translator.load(checkpoint, device="cpu", dtype="int8")
+    with pytest.raises(ConfigError, match="dtype"):
+        Translator.load(checkpoint, device="cpu", dtype="fp16")  # needs CUDA
+
+
+def test_load_for_inference_casts_the_weights_once(checkpoint):
+    model, _, _ = text_module.load_for_inference(str(checkpoint), "cpu", dtype="bf16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model, _, _ = text_module.load_for_inference(str(checkpoint), "cpu")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

@@ -51,8 +51,8 @@ from transformer.decoding.arguments import (
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.scoring import score_lines
 from transformer.decoding.stream import input_ready, iter_nbest
-from transformer.decoding.text import decode_settings, translate_nbest
-from transformer.device import resolve_device
+from transformer.decoding.text import DTYPES, decode_settings, translate_nbest
+from transformer.device import PRECISIONS, resolve_device, resolve_precision
 from transformer.model.transformer import Transformer
 
 __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
@@ -98,7 +98,7 @@ class Translator:
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "auto", precision: str = "auto",
-             threads: int | None = None, **settings: Any) -> Translator:
+             threads: int | None = None, dtype: str = "auto", **settings: Any) -> Translator:
         """Load a checkpoint directory or a CTranslate2 export (`mt-export`).
 
         Args:
@@ -109,6 +109,10 @@ class Translator:
             precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
                 native bf16, else fp32), `fp32`, `bf16` or `fp16` (CUDA only). An export
                 computes in the type it was exported with and takes only `auto`.
+            dtype: the weights' dtype: `auto` (the precision it decodes in, so that no call
+                casts them: CTranslate2's `compute_type`), `fp32`, `bf16` or `fp16` (CUDA).
+                A call in another precision decodes on copies of the weights in that one.
+                An export takes only `auto`.
             threads: CPU threads. A checkpoint: torch's, set for each of the translator's
                 calls and restored after it (None: torch's setting as it is). An export:
                 CTranslate2's workers, its own (None: 2). mt-translate's `threads`.
@@ -123,7 +127,7 @@ class Translator:
         """
         with as_arguments():
             model, tokenizer, where, torch_device, decode = _open(path, str(device), precision,
-                                                                 threads, settings)
+                                                                 threads, settings, dtype)
         return cls(model, tokenizer, device=torch_device, decode=decode, path=where, threads=threads)
 
     # a str gives one result, an iterable a list; nbest: a list each; return_scores: Translations
@@ -273,7 +277,8 @@ class Translator:
 
 
 def _open(path: str | Path, device: str, precision: str, threads: int | None,
-          settings: dict[str, Any]) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
+          settings: dict[str, Any], dtype: str = "auto",
+          ) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
     """`Translator.load`'s work: every argument checked before any is used, then the model
     read (no process-wide setting: the commands' `text.load_for_inference` makes those)."""
     if "nbest" in settings:
@@ -282,12 +287,20 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     positive("threads", threads, optional=True)
     at_most_workers("threads", threads)
     decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
+    if dtype not in PRECISIONS:
+        raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(PRECISIONS)}")
     where = check_path(path)  # all of the above before any work
     if is_export(where):
+        if dtype != "auto":
+            raise ConfigError(f"dtype={dtype}: an export computes in the type it was exported "
+                              "with; leave dtype=auto")
         model, tokenizer, torch_device = load_export(where, device, threads)
     else:
         torch_device = resolve_device(device, key="device")
+        held = resolve_precision(dtype, torch_device, key="dtype")[0] if dtype != "auto" else None
         model, tokenizer = load_model(where, torch_device)
+        held = held or decode_settings(decode, torch_device, model).precision
+        model = model.to(DTYPES[held])  # the weights in the dtype the step computes in
     decode_settings(decode, torch_device, model)  # what depends on the device and the model
     if torch_device.type == "cpu" and not isinstance(model, CT2Model):
         _warn_if_spinning(threads or torch.get_num_threads())
