@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformer.checkpoint import load_model
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.data.batching import pad
+from transformer.decoding import search as search_module
 from transformer.decoding.search import (
     Hypothesis,
     beam_search,
@@ -430,3 +431,23 @@ def test_a_decoder_step_dispatches_a_bounded_number_of_ops_and_its_bytes_do_not_
     layers = tiny_model.cfg.n_decoder_layers
     assert max(ops for ops, _ in steady) <= 16 * layers + (22 if method == "greedy" else 32)
     assert len({nbytes for _, nbytes in steady[:-2]}) == 1, steady  # the forced EOS aside
+
+
+@pytest.mark.slow  # a minute of tracing on a CPU
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_a_compiled_step_finds_what_the_eager_step_finds(tiny_model, padded_batch, method, monkeypatch):
+    """search.COMPILE_STEP compiles the cached step (a CUDA graph with mode=reduce-overhead
+    on a GPU); aot_eager traces it as inductor would, as one graph, without a compiler."""
+    kw = dict(max_len_a=1.0, max_len_b=4, min_len=2)
+
+    def run():
+        if method == "greedy":
+            return [[h] for h in greedy_search(tiny_model, padded_batch, **kw)]
+        return beam_search(tiny_model, padded_batch, 3, nbest=3, **kw)
+
+    eager = run()
+    monkeypatch.setattr(search_module, "COMPILE_STEP",
+                        {"backend": "aot_eager", "fullgraph": True, "dynamic": True})
+    for got, want in zip(run(), eager, strict=True):
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        assert scores_of(got) == pytest.approx(scores_of(want), abs=1e-5)

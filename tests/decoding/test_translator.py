@@ -148,19 +148,19 @@ def test_bytes_or_a_non_iterable_are_named_not_taken_for_lines(checkpoint, lines
 def test_device_and_precision_are_honoured(checkpoint, monkeypatch):
     used = []
 
-    def spy(precision, device):
-        used.append((precision, device.type))
-        return real(precision, device)
+    def spy(model, dtype):  # the dtype each call's weights are held in
+        used.append((dtype, next(model.parameters()).device.type))
+        return real(model, dtype)
 
-    real = text_module.autocast
-    monkeypatch.setattr(text_module, "autocast", spy)
+    real = text_module.held_in
+    monkeypatch.setattr(text_module, "held_in", spy)
     translator = Translator.load(checkpoint, device="cpu", precision="fp32", method="greedy",
                                  max_len_b=4)
     assert translator.device == torch.device("cpu") and translator.decode.precision == "fp32"
     assert {(p.device.type, p.dtype) for p in translator.model.parameters()} == {("cpu", torch.float32)}
     translator.translate(["Ciao"])
     translator.translate(["Ciao"], precision="bf16")  # emulated on this CPU: a warning, and it runs
-    assert used == [("fp32", "cpu"), ("bf16", "cpu")]
+    assert used == [(torch.float32, "cpu"), (torch.bfloat16, "cpu")]
     assert Translator.load(checkpoint, device=torch.device("cpu")).device == torch.device("cpu")
     assert "device=cpu, precision=fp32" in repr(translator)
 

@@ -57,6 +57,12 @@ __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "
 # The CUDA value is a first guess, to be measured (scripts/gpu_check.py, decode step).
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
+# None: the decoder step runs eagerly. Else the keyword arguments of `torch.compile` for
+# the step (`model.decode` on the cache), e.g. {"mode": "reduce-overhead"} to replay it as
+# CUDA graphs on a GPU, or {"fullgraph": True} to fail on any graph break. Not measured
+# on a GPU yet (docs/performance.md, "Decoding on a GPU"): off until it is.
+COMPILE_STEP: dict | None = None
+
 # Device types whose finished rows leave in powers of two (`_live_rows`): a GPU replays a
 # compiled or graphed step per shape, so a batch should have few. A CPU runs eagerly, and
 # dropping every finished row at once is what pays there.
@@ -120,15 +126,21 @@ class _Stepper:
         self.src_ids: torch.Tensor | None = src_ids  # (R, S) without a cache, else (B, S)
         self.memory: torch.Tensor | None = model.encode(src_ids)  # likewise (., S, D)
         self.cache = DecoderCache(bound + 1, max_rows) if use_cache else None
+        self.decode = model.decode
+        if COMPILE_STEP is not None and use_cache:  # one call a step still: model.decode
+            self.decode = torch.compile(lambda *a: model.decode(*a), **COMPILE_STEP)
         bos = model.cfg.bos_id
         self.fed = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, 1), (R, t+1)
         self.log_p = torch.empty(max_rows, model.cfg.vocab_size, device=src_ids.device)  # written each step
 
     def log_probs(self) -> torch.Tensor:
         """Next-token log-probabilities (R, V), float32: one log-softmax over the logits."""
-        logits = self.model.decode(self.fed, self.memory, self.src_ids, self.cache)
-        if self.cache is not None:  # the cache holds what it needs of them
-            self.memory = self.src_ids = None
+        if self.cache is not None and self.memory is None:  # the cache holds what it needs
+            logits = self.decode(self.fed, None, None, self.cache)
+        else:
+            logits = self.model.decode(self.fed, self.memory, self.src_ids, self.cache)
+            if self.cache is not None:
+                self.memory = self.src_ids = None
         out = self.log_p[:logits.size(0)]
         return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32, out=out)
 
