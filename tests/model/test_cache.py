@@ -1,7 +1,6 @@
 """Properties of incremental decoding's step (transformer/model/cache.py): a step of fixed
 shape writes its cache in place and allocates the same bytes whatever its number, beams
-reorder into a preallocated buffer, the step compiles as one graph, and a model held in
-another dtype for a call (weights.py) gets its weights back untouched.
+reorder into a preallocated buffer, the step compiles as one graph,.
 
 Shapes: R rows, A sentences, S source length, V vocabulary.
 """
@@ -14,7 +13,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.model.attention import set_attention_path
 from transformer.model.cache import DecoderCache
-from transformer.model.weights import floating_dtype, held_in
 
 from helpers import BOS, EOS, pad_batch, tiny_model
 
@@ -125,16 +123,3 @@ def test_the_step_compiles_as_one_graph_for_a_fixed_shape():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     torch.testing.assert_close(compiled.self_kv.tensor, eager.self_kv.tensor, atol=1e-5, rtol=0)
     assert len(compiled) == len(eager) == 2
-
-
-def test_held_in_swaps_the_weights_for_the_block_and_puts_them_back():
-    model = tiny_model(tie_embeddings=True)
-    before = {name: p for name, p in model.named_parameters()}
-    values = {name: p.detach().clone() for name, p in before.items()}
-    with held_in(model, torch.bfloat16):
-        assert floating_dtype(model) == torch.bfloat16
-        assert model.sinusoids.dtype == torch.bfloat16
-        assert model.tgt_embed.weight is model.out_proj.weight  # still tied
-    assert floating_dtype(model) == torch.float32 and model.sinusoids.dtype == torch.float32
-    for name, p in model.named_parameters():
-        assert p is before[name] and torch.equal(p, values[name])

@@ -3,16 +3,20 @@
 Shapes: B batch (sentences), S source length, K beam size, A live sentences, W beams per
 live sentence (1 at the first step, then K), R = A*W rows, V vocabulary.
 
-The source is encoded once; each step feeds the decoder one new token per row and reads
-the log-probabilities of the next one. Rows of finished sentences are dropped from the
-batch (and from the cache), so a long sentence does not make the short ones pay for it.
+The source is encoded once; each step feeds the decoder one new token per row, on a cache
+preallocated for the batch (`model/cache.py`), and reads the log-probabilities of the
+next one. Rows of finished sentences are dropped from the batch (and from the cache), so
+a long sentence does not make the short ones pay for it.
 
 The host reads the device at most once a step (`sync_every`): how many sentences are
 still live; and once per batch before the steps (the shortest length limit) and after
-them (the hypotheses). Everything else stays on the device (fairseq's and CTranslate2's way):
-finished hypotheses, their scores and lengths go into `finished.Finished`'s buffers, the
-rows to keep are found by a stable sort of the done flags, and the batch's hypotheses are
-read back in one transfer when it is done (docs/decoding.md, "On the device").
+them (the hypotheses). Everything else stays on the device: the history (each row's token
+and the row it extends) and the finished candidates' scores go into `finished.Finished`'s
+buffers, the rows to keep are found by a stable sort of the done flags, and the batch's
+hypotheses are read back in one transfer when it is done (docs/decoding.md, "On the
+device"). fairseq and CTranslate2 read more, each of them once a step (fairseq's
+finalized candidates, CTranslate2's top-k); what a step writes and allocates here follows
+them instead (docs/decoding.md, "A step of fixed shape").
 
 Conventions shared by both searches (fairseq's, with the GNMT length penalty):
 - A `Hypothesis` holds the output tokens without BOS and EOS. Its score is the sum of
@@ -380,7 +384,7 @@ def best_continuations(
     """The n best (row, token) continuations of each sentence, best first.
 
     logits (A*W, V) of W rows per sentence; a continuation scores logits[r, v] + offset[r]
-    (offset: the row's score so far minus its logsumexp). Returns (scores, beam, token),
+    (offset: the row's score so far; logits: its log-probabilities). Returns (scores, beam, token),
     each (A, min(n, W*V)); beam in [0, W). forced_eos: (rows (A*W,) bool, eos id): those
     rows continue with EOS only, at its own score (a hypothesis at its maximum length).
 
