@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from transformer.config import DecodeConfig
 from transformer.decoding.finished import Finished, Hypothesis, length_penalty
@@ -343,7 +344,7 @@ def beam_search(
         forced = at_max = None
         if step >= first_max:  # (A,): these sentences end here with a forced EOS
             at_max = step >= max_len
-            forced = (at_max.repeat_interleave(w, output_size=a * w), cfg.eos_id)
+            forced = (at_max, cfg.eos_id)
         top_scores, top_rows, top_tok = best_continuations(logp, scores.view(-1), w, 2 * k,
                                                            forced, rows)  # (A, 2K)
         # EOS candidates among the first K finish; the first K others are the live beams.
@@ -385,8 +386,8 @@ def best_continuations(
 
     logits (A*W, V) of W rows per sentence; a continuation scores logits[r, v] + offset[r]
     (offset: the row's score so far; logits: its log-probabilities). Returns (scores, beam, token),
-    each (A, min(n, W*V)); beam in [0, W). forced_eos: (rows (A*W,) bool, eos id): those
-    rows continue with EOS only, at its own score (a hypothesis at its maximum length).
+    each (A, min(n, W*V)); beam in [0, W). forced_eos: (sentences (A,) bool, eos id):
+    their rows continue with EOS only, at its own score (a hypothesis at its maximum length).
 
     rows: None, or (A, W*C) the row number of each row's C winners (`candidate_rows`):
     then the second output is the row (of all A*W) each continuation extends, not its beam.
@@ -398,10 +399,11 @@ def best_continuations(
     row_top, row_tok = logits.topk(c, dim=-1)  # (A*W, C)
     if forced_eos is not None:  # on the (A*W, C) winners: no pass over (A*W, V)
         forced, eos = forced_eos
-        only_eos = torch.full_like(row_top, -math.inf)
-        only_eos[:, 0] = logits[:, eos]
-        row_top = torch.where(forced[:, None], only_eos, row_top)
-        row_tok = row_tok.masked_fill(forced[:, None], eos)
+        forced = forced.view(-1, 1, 1)  # (A, 1, 1): a sentence's W rows alike
+        only_eos = F.pad(logits[:, eos:eos + 1], (0, c - 1), value=-math.inf)  # (A*W, C)
+        row_top = torch.where(forced, only_eos.view(forced.size(0), -1, c),
+                              row_top.view(forced.size(0), -1, c)).view(-1, c)
+        row_tok = row_tok.view(forced.size(0), -1, c).masked_fill(forced, eos).view(-1, c)
     cand = (row_top + offset[:, None]).view(-1, w * c)  # (A, W*C)
     top_scores, top_idx = cand.topk(min(n, w * c), dim=-1)  # (A, n), best first
     beam = top_idx // c if rows is None else rows.gather(1, top_idx)
