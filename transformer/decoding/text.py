@@ -140,10 +140,11 @@ def translate_nbest(
     together and each line's translations joined again (`join_nbest`). `counts`, if given,
     receives the numbers of lines, sentences and decoded units (sentences and pieces).
     Empty lines are not decoded: they give [("", 0.0)]. Our model is put in eval mode
-    for the call and restored afterwards; an exported model (`ct2_model.CT2Model`) runs its
+    for the call and restored afterwards, its weights held in cfg.precision's dtype
+    meanwhile (copies where they are in another); an exported model (`ct2_model.CT2Model`) runs its
     own search on the same batches. `after_batch` is called after each decoding batch
-    (training's validation gives its `device.HeapTrimmer`: a batch's growing key/value
-    caches leave heap holes of every length).
+    (training's validation gives its `device.HeapTrimmer`: each batch's key/value caches,
+    sized to its length bound, leave heap holes of many lengths).
 
     Args:
         model (Transformer | CT2Model): the model (a DistributedDataParallel wrapper is

@@ -107,12 +107,8 @@ class Translator:
             device: `auto` (CUDA where there is a GPU, else the CPU), `cpu`, `cuda` or
                 `cuda:N` (or a `torch.device`): mt-translate's `device`.
             precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
-                native bf16, else fp32), `fp32`, `bf16` or `fp16` (CUDA only). An export
-                computes in the type it was exported with and takes only `auto`.
-            dtype: the weights' dtype: `auto` (the precision it decodes in, so that no call
-                casts them: CTranslate2's `compute_type`), `fp32`, `bf16` or `fp16` (CUDA).
-                A call in another precision decodes on copies of the weights in that one.
-                An export takes only `auto`.
+                native bf16, else fp32), `fp32`, `bf16` or `fp16` (CUDA only); `dtype`: the
+                weights', the same values (`auto`: precision's). An export takes only `auto`.
             threads: CPU threads. A checkpoint: torch's, set for each of the translator's
                 calls and restored after it (None: torch's setting as it is). An export:
                 CTranslate2's workers, its own (None: 2). mt-translate's `threads`.
