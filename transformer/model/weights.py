@@ -1,8 +1,8 @@
 """The weights a model decodes with, in the dtype the decoder step computes in.
 
 A decoder step under autocast casts every fp32 weight it reads to bf16 or fp16, at every
-call: on a CPU, counted on the path a GPU runs, `to` was the most frequent op of
-decoding. A model held in the compute dtype (CTranslate2's `compute_type`) runs without
+call: counted on a CPU on the path a GPU runs, those casts are the most frequent op of
+such a step. A model held in the compute dtype (CTranslate2's `compute_type`) runs without
 autocast and casts nothing. `held_in` swaps such copies in for one call, when a model is
 kept in fp32 for training or by its loader; `text.load_for_inference(dtype=...)` and
 `Translator.load(dtype=...)` load the weights in that dtype once.
