@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.checkpoint import load_model
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.data.batching import pad
+from transformer.decoding import search as search_module
 from transformer.decoding.search import (
     Hypothesis,
     beam_search,
@@ -24,6 +26,7 @@ from transformer.decoding.search import (
 from transformer.device import HostReads
 from transformer.model.attention import set_attention_path
 from transformer.model.transformer import DecoderCache, build_model
+from transformer.model.weights import held_in
 
 PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
 ln = math.log
@@ -47,15 +50,20 @@ class ScriptedModel:
 
     def decode(self, tgt_in_ids, memory, src_ids, cache: DecoderCache | None = None):
         self.fed_lengths.append(tgt_in_ids.size(1))
+        # Each row's ids: its script's id (the source's first id), then BOS and the target.
+        # With a cache the source comes only with the first call, as with the real model;
+        # the cache's `tgt_ids` keep the rows, following its reorders.
         ids = tgt_in_ids
+        if cache is None or cache.tgt_ids is None:
+            ids = torch.cat([src_ids[:, :1], tgt_in_ids], dim=1)
+        else:
+            ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
         if cache is not None:
-            if cache.tgt_ids is not None:
-                ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
             cache.tgt_ids = ids
         logits = torch.full((*tgt_in_ids.shape, self.cfg.vocab_size), -math.inf)
         for row in range(ids.size(0)):
-            script = self.scripts[int(src_ids[row, 0])]
-            probs = script.get(tuple(ids[row, 1:].tolist()), {EOS: 1.0})
+            script = self.scripts[int(ids[row, 0])]
+            probs = script.get(tuple(ids[row, 2:].tolist()), {EOS: 1.0})
             for tok, p in probs.items():
                 logits[row, -1, tok] = ln(p)
         return logits
@@ -361,3 +369,85 @@ def test_reference_sentence_alone_equals_it_in_the_batch(reference, name):
     batched = search(model, src_ids, cfg)
     for i in (0, 7, 13):  # the batch's widest row is 7 (30 ids): 0 and 13 are padded
         assert_same(search(model, unpad(src_ids[i]), cfg)[0], batched[i])
+
+
+# ---- what a step costs the host (#56) -------------------------------------------------
+
+
+class OpsAndBytes(TorchDispatchMode):
+    """Non-view ops dispatched and bytes of new tensors, per decoder step (a step runs from
+    one `decode` call to the next), counted as /work/shared/tools/decode_cost.py counts."""
+
+    VIEWS = frozenset({"view", "transpose", "unsqueeze", "slice", "expand", "t", "_unsafe_view", "flatten",
+             "select", "detach", "alias", "reshape", "squeeze", "as_strided", "permute",
+             "_reshape_alias", "lift_fresh", "split", "unbind", "split_with_sizes", "narrow",
+             "unflatten", "view_as", "expand_as", "diagonal"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[list[int]] = [[0, 0]]  # [ops, bytes] since each decode call
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ not in self.VIEWS:
+            self.steps[-1][0] += 1
+            ins = {a.untyped_storage().data_ptr() for a in [*args, *(kwargs or {}).values()]
+                   if isinstance(a, torch.Tensor)}
+            for o in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in ins:
+                    self.steps[-1][1] += o.untyped_storage().nbytes()
+        return out
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_a_decoder_step_dispatches_a_bounded_number_of_ops_and_its_bytes_do_not_grow(
+        tiny_model, method, monkeypatch):
+    """On the path a GPU runs (SDPA, the weights in bf16): the step of a 2-layer decoder
+    dispatches at most 16 ops a layer plus a fixed few for the search (docs/results.md,
+    "A decoder step of fixed shape"), and once the rows stop changing, every step
+    allocates the same bytes."""
+    set_attention_path(tiny_model, True)
+    monkeypatch.setattr(type(tiny_model), "_check_ids", _no_reads_check_ids)
+    counter = OpsAndBytes()
+    decode = tiny_model.decode
+
+    def counted(*args, **kwargs):
+        counter.steps.append([0, 0])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "decode", counted)
+    src = torch.tensor([[5, 6, 7, 8, 9, EOS]] * 4)  # the rows finish together: one shape
+    kw = dict(max_len_a=0.0, max_len_b=24, min_len=24)  # every step up to the length limit
+    try:
+        with held_in(tiny_model, torch.bfloat16), counter:
+            if method == "greedy":
+                greedy_search(tiny_model, src, **kw)
+            else:
+                beam_search(tiny_model, src, beam_size=4, **kw)
+    finally:
+        set_attention_path(tiny_model, None)
+    steady = counter.steps[3:-1]  # after the first steps (fan-out), before the last
+    assert len(steady) >= 20
+    layers = tiny_model.cfg.n_decoder_layers
+    assert max(ops for ops, _ in steady) <= 16 * layers + (22 if method == "greedy" else 32)
+    assert len({nbytes for _, nbytes in steady[:-2]}) == 1, steady  # the forced EOS aside
+
+
+@pytest.mark.slow  # a minute of tracing on a CPU
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_a_compiled_step_finds_what_the_eager_step_finds(tiny_model, padded_batch, method, monkeypatch):
+    """search.COMPILE_STEP compiles the cached step (a CUDA graph with mode=reduce-overhead
+    on a GPU); aot_eager traces it as inductor would, as one graph, without a compiler."""
+    kw = dict(max_len_a=1.0, max_len_b=4, min_len=2)
+
+    def run():
+        if method == "greedy":
+            return [[h] for h in greedy_search(tiny_model, padded_batch, **kw)]
+        return beam_search(tiny_model, padded_batch, 3, nbest=3, **kw)
+
+    eager = run()
+    monkeypatch.setattr(search_module, "COMPILE_STEP",
+                        {"backend": "aot_eager", "fullgraph": True, "dynamic": True})
+    for got, want in zip(run(), eager, strict=True):
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        assert scores_of(got) == pytest.approx(scores_of(want), abs=1e-5)

@@ -148,19 +148,19 @@ def test_bytes_or_a_non_iterable_are_named_not_taken_for_lines(checkpoint, lines
 def test_device_and_precision_are_honoured(checkpoint, monkeypatch):
     used = []
 
-    def spy(precision, device):
-        used.append((precision, device.type))
-        return real(precision, device)
+    def spy(model, dtype):  # the dtype each call's weights are held in
+        used.append((dtype, next(model.parameters()).device.type))
+        return real(model, dtype)
 
-    real = text_module.autocast
-    monkeypatch.setattr(text_module, "autocast", spy)
+    real = text_module.held_in
+    monkeypatch.setattr(text_module, "held_in", spy)
     translator = Translator.load(checkpoint, device="cpu", precision="fp32", method="greedy",
                                  max_len_b=4)
     assert translator.device == torch.device("cpu") and translator.decode.precision == "fp32"
     assert {(p.device.type, p.dtype) for p in translator.model.parameters()} == {("cpu", torch.float32)}
     translator.translate(["Ciao"])
     translator.translate(["Ciao"], precision="bf16")  # emulated on this CPU: a warning, and it runs
-    assert used == [("fp32", "cpu"), ("bf16", "cpu")]
+    assert used == [(torch.float32, "cpu"), (torch.bfloat16, "cpu")]
     assert Translator.load(checkpoint, device=torch.device("cpu")).device == torch.device("cpu")
     assert "device=cpu, precision=fp32" in repr(translator)
 
@@ -573,6 +573,7 @@ def test_threads_sharing_a_translator_get_what_sequential_calls_give(words, monk
     monkeypatch.setattr(translator.model, "train", flip)
     jobs = [
         lambda: translator.translate(ONE_SENTENCE, method="greedy"),
+        lambda: translator.translate(ONE_SENTENCE, method="greedy", precision="bf16"),  # on a copy
         lambda: translator.translate(ONE_SENTENCE, beam_size=3, nbest=2, return_scores=True),
         lambda: translator.translate(ONE_SENTENCE, return_attention=True, method="greedy", lenpen=1.0),
         lambda: translator.translate(ONE_SENTENCE, no_repeat_ngram_size=1, max_batch_size=3),
@@ -592,3 +593,28 @@ def test_threads_sharing_a_translator_get_what_sequential_calls_give(words, monk
         together = list(pool.map(lambda job: as_values(job()), jobs * 3))
     assert together == sequential * 3
     assert torch.get_num_threads() == before
+
+
+def test_load_holds_the_weights_in_the_dtype_it_decodes_in(checkpoint):
+    """dtype=auto: the precision the translator decodes in (fp32 in the suite, which pins
+    'no native bf16'); an explicit dtype is kept, and a call in another precision decodes
+    on copies without touching the held weights."""
+    auto = Translator.load(checkpoint, device="cpu")
+    assert {p.dtype for p in auto.model.parameters()} == {torch.float32}
+    held = Translator.load(checkpoint, device="cpu", dtype="bf16", precision="fp32")
+    assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}
+    weights = {name: p.detach().clone() for name, p in held.model.named_parameters()}
+    assert isinstance(held.translate("Il gatto dorme."), str)  # on fp32 copies
+    assert all(torch.equal(p, weights[name]) for name, p in held.model.named_parameters())
+    assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}
+    with pytest.raises(ConfigError, match="dtype='int8'"):
+        Translator.load(checkpoint, device="cpu", dtype="int8")
+    with pytest.raises(ConfigError, match="dtype"):
+        Translator.load(checkpoint, device="cpu", dtype="fp16")  # needs CUDA
+
+
+def test_load_for_inference_casts_the_weights_once(checkpoint):
+    model, _, _ = text_module.load_for_inference(str(checkpoint), "cpu", dtype="bf16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model, _, _ = text_module.load_for_inference(str(checkpoint), "cpu")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

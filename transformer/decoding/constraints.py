@@ -6,8 +6,8 @@ step), B sentences of the batch, P the longest prefix.
     constraints = Constraints.build(prefixes, no_repeat_ngram_size=3, device=device)
     logits = constraints(logits, history, sent, step)   # in place, once a step, in search.py
 
-Both act on a step's logits after their logsumexp is taken, as `search._forbid` does with
-padding, BOS and an early EOS: a token they rule out gets -inf, and a token they let
+Both act on a step's log-probabilities, as the search's own rule for padding, BOS and an
+early EOS does: a token they rule out gets -inf, and a token they let
 through keeps the log-probability the model gave it (logit - logsumexp). So a forced
 prefix token is scored as the model scores it, and `Translator.score` of the output
 gives the search's score.

@@ -1,16 +1,20 @@
-"""Finished hypotheses kept on the device until their batch is done (fairseq's and
-CTranslate2's bookkeeping), so that a decoder step never waits to hand them to Python.
+"""Finished hypotheses and the tokens of every row, kept on the device until their batch
+is done, so that a decoder step never waits to hand them to Python.
 
-Shapes: B sentences of the batch, K hypotheses kept per sentence, L the longest output
-(tokens, without BOS and EOS), A live sentences, C candidates per live sentence, R rows
-of the search's token history.
+Shapes: B sentences of the batch, K candidates that may end per sentence and step, L + 1
+steps (L the longest output, without BOS and EOS), A live sentences, R rows (hypotheses)
+of a step, R_max the most rows a step has.
 
-Each sentence owns K + 1 slots of a flat buffer: K for its hypotheses, in the order they
-finished, and one sink. `add` writes every candidate of a step at once, the rejected ones
-(not finished, or past the sentence's K-th, or of a sentence already done) into their
-sentence's sink, so the writes need no host read to know which rows they are.
-`hypotheses` reads the buffers back in one transfer when the batch is done and
-normalises the scores on the host, in float64.
+A step writes a fixed amount, whatever its number: the token each row of the next step
+took and the row of this step it extends (a back-pointer, as in CTranslate2's and
+fairseq's beam history), and the raw score of each candidate that ends here (NaN where
+none does) with the row it extends. No history is copied while decoding: `hypotheses`
+reads the batch's buffers back in one transfer when it is done, and follows the
+back-pointers on the host. A sentence's hypotheses are its first K ending candidates, in
+step and candidate order, up to its maximum length (fairseq's rule: a sentence is done
+once K have finished, or at its maximum length): what its rows find after that, decoding
+on until the search drops them, is not filed. Scores are normalised on the host, in
+float64.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -33,74 +38,79 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 class Finished:
-    """Up to K finished hypotheses of each of B sentences: tokens, raw scores, lengths.
+    """What a batch's search found: ending candidates per step and the rows' tokens.
 
     Args:
         n: B, the sentences of the batch.
-        k: K, the hypotheses kept per sentence (the beam size; 1 for greedy search).
-        max_tokens: L, the longest hypothesis any sentence of the batch may write.
-        pad_id: what fills the token buffer past each hypothesis' end.
+        k: K, the candidates per sentence that may end at a step (the beam size; 1 for
+            greedy search), and the hypotheses kept per sentence.
+        steps: L + 1, the steps the search may run.
+        rows: R_max, the most rows a step has.
         device: where the buffers live (the search's device).
+        max_len: (B,) the most tokens each sentence's hypotheses may have; None: steps - 1.
     """
 
-    def __init__(self, n: int, k: int, max_tokens: int, pad_id: int, device: torch.device) -> None:
-        self.n, self.k, self.max_tokens = n, k, max_tokens
-        slots = n * (k + 1)  # slot k of each sentence is its sink
-        self.tokens = torch.full((slots, max_tokens), pad_id, dtype=torch.long, device=device)
-        self.scores = torch.full((slots,), math.nan, device=device)  # raw sums; NaN: slot unused
-        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
-        self.count = torch.zeros(n, dtype=torch.long, device=device)  # (B,) slots filled
-        self.closed = torch.zeros(n, dtype=torch.bool, device=device)  # (B,) accepts no more
+    def __init__(self, n: int, k: int, steps: int, rows: int, device: torch.device,
+                 max_len: torch.Tensor | None = None) -> None:
+        self.n, self.k = n, k
+        # (B,) each sentence's longest hypothesis: what ends later (its rows decoding on
+        # after it was done) is not filed
+        self.max_len = torch.full((n,), steps - 1, device=device) if max_len is None else max_len
+        self.scores = torch.full((steps, n, k), math.nan, device=device)  # raw sums; NaN: none
+        self.rows = torch.zeros((steps, n, k), dtype=torch.long, device=device)
+        self.tokens = torch.zeros((steps, rows), dtype=torch.long, device=device)
+        # each row extends its own number unless `follow` says otherwise (greedy search)
+        self.parents = torch.arange(rows, device=device).repeat(steps, 1)
 
-    def add(self, sent: torch.Tensor, ends: torch.Tensor, scores: torch.Tensor,
-            rows: torch.Tensor, history: torch.Tensor) -> None:
-        """File the candidates that end here, in candidate order, while there is room.
+    def add(self, step: int, sent: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor) -> None:
+        """The candidates of step `step` of the live sentences `sent` (A,): scores (A, K)
+        the raw score (log-probabilities summed, EOS included) of each that ends here, NaN
+        or -inf where none does; rows (A, K) the row of this step each extends."""
+        self.scores[step].index_copy_(0, sent, scores)
+        self.rows[step].index_copy_(0, sent, rows)
 
-        sent (A,): the batch index of each live sentence; ends (A, C) bool: the candidates
-        that end (EOS); scores (A, C): their raw scores (log-probabilities summed, EOS
-        included); rows (A, C): the row of `history` (R, t+1) each extends, whose tokens
-        after BOS become the hypothesis (t tokens).
-        """
-        k, t = self.k, history.size(1) - 1
-        slot = self.count[sent][:, None] + ends.long().cumsum(dim=1) - 1  # (A, C)
-        accept = ends & (slot < k) & ~self.closed[sent][:, None]
-        where = (sent[:, None] * (k + 1) + torch.where(accept, slot, k)).flatten()  # (A*C,)
-        self.scores[where] = scores.flatten().float()
-        self.lengths[where] = t
-        if t:
-            self.tokens[where, :t] = history.index_select(0, rows.flatten())[:, 1:]
-        self.count[sent] += accept.sum(dim=1)
-
-    def close(self, sent: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
-        """Mark done the sentences `sent` (A,) that hold K hypotheses, or where `also`
-        (A,) is True; returns which of them are done (A,) bool, on the device."""
-        done = self.count[sent] >= self.k
-        if also is not None:
-            done |= also
-        done |= self.closed[sent]
-        self.closed[sent] = done
-        return done
+    def follow(self, step: int, parents: torch.Tensor | None, tokens: torch.Tensor) -> None:
+        """Row i of step `step` + 1 is row parents[i] (R',) of this step (None: row i)
+        plus tokens[i]."""
+        if parents is not None:
+            self.parents[step, :parents.numel()] = parents
+        self.tokens[step, :tokens.numel()] = tokens
 
     def hypotheses(self, lenpen: float) -> list[list[Hypothesis]]:
-        """Each sentence's hypotheses, best first, the batch read back in one transfer.
+        """Each sentence's hypotheses (at most K), best first, the batch read back in one
+        transfer.
 
         Scores are divided by the GNMT length penalty on the host in float64, and sorted
         stably: equal scores keep the order in which they finished.
         """
-        k = self.k
-        packed = torch.cat([self.tokens.double(), self.lengths.double()[:, None],
-                            self.scores.double()[:, None]], dim=1)  # (B*(K+1), L+2)
-        rows = packed.tolist()  # the batch's one read-back
+        steps, n, k = self.scores.shape
+        packed = torch.cat([self.scores.double().flatten(), self.rows.double().flatten(),
+                            self.tokens.double().flatten(), self.parents.double().flatten(),
+                            self.max_len.double()])
+        flat = packed.cpu().numpy()  # the batch's one read-back
+        cells = steps * n * k
+        scores = flat[:cells].reshape(steps, n, k)
+        rows = flat[cells:2 * cells].reshape(steps, n, k).astype(np.int64)
+        max_len = flat[-n:].astype(np.int64)
+        tokens, parents = (a.reshape(steps, -1).astype(np.int64)
+                           for a in np.split(flat[2 * cells:-n], 2))
         out: list[list[Hypothesis]] = []
-        for b in range(self.n):
+        for b in range(n):
             hyps = []
-            for row in rows[b * (k + 1): b * (k + 1) + k]:
-                raw = row[-1]
-                if math.isnan(raw):
-                    continue
-                length = int(row[-2])
-                hyps.append(Hypothesis([int(x) for x in row[:length]],
-                                       raw / length_penalty(length + 1, lenpen)))
+            for t, j in zip(*np.nonzero(np.isfinite(scores[:max_len[b] + 1, b])), strict=True):
+                if len(hyps) == k:
+                    break
+                hyps.append(Hypothesis(_backtrack(tokens, parents, int(t), int(rows[t, b, j])),
+                                       float(scores[t, b, j]) / length_penalty(int(t) + 1, lenpen)))
             hyps.sort(key=lambda h: h.score, reverse=True)
             out.append(hyps)
         return out
+
+
+def _backtrack(tokens: np.ndarray, parents: np.ndarray, step: int, row: int) -> list[int]:
+    """The tokens of row `row` of step `step`: the `step` tokens it took after BOS."""
+    out = []
+    for t in range(step - 1, -1, -1):
+        out.append(int(tokens[t, row]))
+        row = int(parents[t, row])
+    return out[::-1]

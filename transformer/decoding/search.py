@@ -3,16 +3,20 @@
 Shapes: B batch (sentences), S source length, K beam size, A live sentences, W beams per
 live sentence (1 at the first step, then K), R = A*W rows, V vocabulary.
 
-The source is encoded once; each step feeds the decoder one new token per row and reads
-the log-probabilities of the next one. Rows of finished sentences are dropped from the
-batch (and from the cache), so a long sentence does not make the short ones pay for it.
+The source is encoded once; each step feeds the decoder one new token per row, on a cache
+preallocated for the batch (`model/cache.py`), and reads the log-probabilities of the
+next one. Rows of finished sentences are dropped from the batch (and from the cache), so
+a long sentence does not make the short ones pay for it.
 
 The host reads the device at most once a step (`sync_every`): how many sentences are
 still live; and once per batch before the steps (the shortest length limit) and after
-them (the hypotheses). Everything else stays on the device (fairseq's and CTranslate2's way):
-finished hypotheses, their scores and lengths go into `finished.Finished`'s buffers, the
-rows to keep are found by a stable sort of the done flags, and the batch's hypotheses are
-read back in one transfer when it is done (docs/decoding.md, "On the device").
+them (the hypotheses). Everything else stays on the device: the history (each row's token
+and the row it extends) and the finished candidates' scores go into `finished.Finished`'s
+buffers, the rows to keep are found by a stable sort of the done flags, and the batch's
+hypotheses are read back in one transfer when it is done (docs/decoding.md, "On the
+device"). fairseq and CTranslate2 read more, each of them once a step (fairseq's
+finalized candidates, CTranslate2's top-k); what a step writes and allocates here follows
+them instead (docs/decoding.md, "A step of fixed shape").
 
 Conventions shared by both searches (fairseq's, with the GNMT length penalty):
 - A `Hypothesis` holds the output tokens without BOS and EOS. Its score is the sum of
@@ -42,6 +46,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from transformer.config import DecodeConfig
 from transformer.decoding.constraints import Constraints
@@ -55,17 +60,28 @@ __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "
 # every step: dropping finished rows at once is what pays there. On a GPU a read stops the
 # host until the device has caught up; reading every few steps lets it queue the next
 # steps' kernels meanwhile, at the price of done rows decoding a few steps longer.
-# The CUDA value is a first guess, to be measured (scripts/gpu/gpu_check.py, decode step).
+# The CUDA value is a first guess, to be measured (scripts/gpu_check.py, decode step).
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
+
+# None: the decoder step runs eagerly. Else the keyword arguments of `torch.compile` for
+# the step (`model.decode` on the cache), e.g. {"mode": "reduce-overhead"} to replay it as
+# CUDA graphs on a GPU, or {"fullgraph": True} to fail on any graph break. Not measured
+# on a GPU yet (docs/performance.md, "Decoding on a GPU"): off until it is.
+COMPILE_STEP: dict | None = None
+
+# Device types whose finished rows leave in powers of two (`_live_rows`): a GPU replays a
+# compiled or graphed step per shape, so a batch should have few. A CPU runs eagerly, and
+# dropping every finished row at once is what pays there.
+BUCKETS = {"cuda"}
 
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
 # on a slow path: once a model is confident most of its (N, V) log-probabilities are that
 # small, and a loss built on torch.logsumexp slows down as the model learns (docs/performance.md,
 # "Earlier measurements"). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps
-# every exp in normal floats. The loss (training/loss.py) runs on PyTorch's vectorised
-# log_softmax/softmax instead, which do not fall that far: on a confident model's logits
-# they take about as long as on an untrained model's (docs/results.md, "Figures behind the
-# code's choices").
+# every exp in normal floats (`logsumexp`, which the forced scoring pass of
+# `decoding/tokens.py` takes). The search's step takes PyTorch's vectorised log_softmax, as
+# the loss (training/loss.py) does, which does not fall that far (docs/results.md, "Figures
+# behind the code's choices").
 _MIN_EXP = -60.0
 
 
@@ -100,81 +116,110 @@ def longest_output(model, src_ids: torch.Tensor, a: float, b: int, min_len: int)
 
 
 class _Stepper:
-    """Feeds one token per row, returns next-token logits, and follows row choices.
+    """Feeds one token per row, returns next-token log-probabilities, and follows the
+    search's choice of rows.
 
-    use_cache=False re-runs the decoder over the whole prefix at every step (what
-    `torch.nn.Transformer` users do); it is the reference for tests and benchmarks.
+    With a cache (`DecoderCache`, preallocated to the batch's length bound and rows) each
+    step feeds the rows' last tokens only, and the encoder memory is dropped after the
+    first step, whose cross-attention keys and values the cache keeps. use_cache=False
+    re-runs the decoder over the whole prefix at every step (what `torch.nn.Transformer`
+    users do); it is the reference for tests and benchmarks.
     """
 
-    def __init__(self, model, src_ids: torch.Tensor, use_cache: bool = True) -> None:
+    def __init__(self, model, src_ids: torch.Tensor, bound: int, max_rows: int,
+                 use_cache: bool = True) -> None:
         self.model = model
-        self.src_ids = src_ids  # (R, S)
-        self.memory = model.encode(src_ids)  # (R, S, D)
-        self.cache = DecoderCache() if use_cache else None
+        self.src_ids: torch.Tensor | None = src_ids  # (R, S) without a cache, else (B, S)
+        self.memory: torch.Tensor | None = model.encode(src_ids)  # likewise (., S, D)
+        self.cache = DecoderCache(bound + 1, max_rows) if use_cache else None
+        self.decode = model.decode
+        if COMPILE_STEP is not None and use_cache:  # one call a step still: model.decode
+            self.decode = torch.compile(lambda *a: model.decode(*a), **COMPILE_STEP)
         bos = model.cfg.bos_id
-        self.tgt_ids = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, t+1)
+        self.fed = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, 1), (R, t+1)
+        self.log_p = torch.empty(max_rows, model.cfg.vocab_size, device=src_ids.device)  # written each step
 
-    def select(self, index: torch.Tensor, same_sources: bool = False) -> None:
-        """Keep rows `index` (R',), in that order: beam selection and finished rows.
-
-        same_sources: every row moves to a row of the same sentence (so the same source,
-        memory and cross-attention cache), which then need no copying.
-        """
-        if not same_sources:
-            self.src_ids = self.src_ids.index_select(0, index)
-            self.memory = self.memory.index_select(0, index)
-        self.tgt_ids = self.tgt_ids.index_select(0, index)
-        if self.cache is not None and len(self.cache):
-            self.cache.reorder(index, cross=not same_sources)
-
-    def logits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next-token logits (R, V) and their logsumexp (R,), float32.
-
-        log p = logits - logsumexp; callers add the two only where they need to, which
-        saves a pass over (R, V) compared with log_softmax.
-        """
-        if self.cache is None:
-            logits = self.model.decode(self.tgt_ids, self.memory, self.src_ids)
+    def log_probs(self) -> torch.Tensor:
+        """Next-token log-probabilities (R, V), float32: one log-softmax over the logits."""
+        if self.cache is not None and self.memory is None:  # the cache holds what it needs
+            logits = self.decode(self.fed, None, None, self.cache)
         else:
-            new = self.tgt_ids if not len(self.cache) else self.tgt_ids[:, -1:]
-            logits = self.model.decode(new, self.memory, self.src_ids, self.cache)
-        logits = logits[:, -1].float()
-        return logits, logsumexp(logits)  # clamped exp: fast on a confident model's logits
+            logits = self.model.decode(self.fed, self.memory, self.src_ids, self.cache)
+            if self.cache is not None:
+                self.memory = self.src_ids = None
+        out = self.log_p[:logits.size(0)]
+        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32, out=out)
 
-    def append(self, tokens: torch.Tensor) -> None:
-        self.tgt_ids = torch.cat([self.tgt_ids, tokens[:, None]], dim=1)
-
-
-def _forbid(logits: torch.Tensor, step: int, min_len: int, cfg,
-            constraints: Constraints | None = None, history: torch.Tensor | None = None,
-            alive: torch.Tensor | None = None, w: int = 1) -> torch.Tensor:
-    """Forbid padding and BOS always, and EOS before min_len: in place on logits (R, V)
-    whose logsumexp is already taken. Three columns: no pass over (R, V). Then the
-    batch's `constraints` (a forced prefix, no repeated n-grams; None: nothing more),
-    given the rows' history (R, t+1) and the sentence (A,) of each run of w rows."""
-    logits[:, cfg.pad_id] = -math.inf
-    logits[:, cfg.bos_id] = -math.inf
-    if step < min_len:
-        logits[:, cfg.eos_id] = -math.inf
-    if constraints is not None:
-        constraints(logits, history, alive.repeat_interleave(w) if w > 1 else alive, step)
-    return logits
+    def advance(self, index: torch.Tensor | None, tokens: torch.Tensor,
+                sentences: torch.Tensor | None = None) -> None:
+        """Row i of the next step is row index[i] (R',) of this step (None: row i) plus
+        tokens[i]. sentences (A',): the sentences kept, when some were dropped; None:
+        every row stays among its own sentence's rows."""
+        if self.cache is None:
+            prefix = self.fed if index is None else self.fed.index_select(0, index)
+            self.fed = torch.cat([prefix, tokens[:, None]], dim=1)
+            if index is not None:
+                self.memory = self.memory.index_select(0, index)
+                self.src_ids = self.src_ids.index_select(0, index)
+            return
+        if index is not None:
+            self.cache.reorder(index, cross=False if sentences is None else sentences)
+        self.fed = tokens[:, None]
 
 
-def _live_rows(done: torch.Tensor, step: int, sync_every: int) -> torch.Tensor | None:
+def _forbidden(cfg, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids never chosen (padding and BOS: fairseq and JoeyNMT forbid them too), and
+    those forbidden before min_len (EOS as well), for one `index_fill_` a step: three
+    columns, no pass over (R, V). Their probability still counts in the normalisation."""
+    always = torch.tensor([cfg.pad_id, cfg.bos_id], device=device)
+    return always, torch.cat([always, torch.tensor([cfg.eos_id], device=device)])
+
+
+class _Constrained:
+    """A batch's `Constraints` (forced prefixes, no repeated n-grams) applied to each step's
+    log-probabilities. The n-gram rule needs each row's own tokens, which the search keeps
+    only as back-pointers (`finished.Finished`): so, with that rule on alone, a (R, bound + 2)
+    history of BOS and the tokens written, reordered with the rows."""
+
+    def __init__(self, constraints: Constraints, rows: int, bound: int, bos: int,
+                 device: torch.device) -> None:
+        self.constraints = constraints
+        self.history = (torch.full((rows, bound + 2), bos, device=device)
+                        if constraints.no_repeat_ngram_size else None)  # (R, bound + 2)
+
+    def __call__(self, logp: torch.Tensor, sent: torch.Tensor, step: int) -> torch.Tensor:
+        """logp (R, V) in place; sent (R,): each row's sentence in the batch."""
+        return self.constraints(logp, self.history, sent, step)
+
+    def advance(self, index: torch.Tensor | None, tokens: torch.Tensor, step: int) -> None:
+        """Row i of the next step is row index[i] (None: row i) plus tokens[i] (R',)."""
+        if self.history is None:
+            return
+        if index is not None:
+            self.history = self.history.index_select(0, index)
+        self.history[:, step + 1] = tokens
+
+
+def _live_rows(open_: torch.Tensor, step: int, sync_every: int, buckets: bool) -> torch.Tensor | None:
     """The rows to keep after a step, (A',) in order; None: keep them all; an empty
-    tensor: every sentence is done. done (A,) bool, on the device.
+    tensor: every sentence is done. open_ (A,) bool, on the device: not done.
 
     The step's one host read, every `sync_every` steps: how many are live. The rows
     themselves come from a stable sort of the done flags (live first, in order), which
-    needs no read, unlike `nonzero`.
+    needs no read, unlike `nonzero`. buckets: keep the live rows padded with done ones to
+    a power of two, so that a batch sees a handful of shapes (a compiled or graphed step
+    one per shape); what the done rows find is not filed (`finished.Finished`).
     """
     if (step + 1) % sync_every:
         return None
-    live = int((~done).sum())
-    if live == done.numel():
+    live, rows = int(open_.sum()), open_.numel()
+    if buckets:  # a power of two
+        keep = 1 << max(live - 1, 0).bit_length() if live else 0
+    else:  # once an eighth is done: fewer ops per row dropped, and little work on done rows
+        keep = live if live <= rows - max(rows // 8, 1) else rows
+    if keep >= rows:
         return None
-    return torch.sort(done.to(torch.uint8), stable=True).indices[:live]
+    return torch.sort(open_, descending=True, stable=True).indices[:keep]
 
 
 @torch.inference_mode()
@@ -187,6 +232,7 @@ def greedy_search(
     lenpen: float = 0.0,
     use_cache: bool = True,
     sync_every: int = 1,
+    buckets: bool = False,
     constraints: Constraints | None = None,
 ) -> list[Hypothesis]:
     """src_ids (B, S) -> the most probable next token at every step, one per sentence.
@@ -203,6 +249,8 @@ def greedy_search(
             position at each step (the tests compare the two).
         sync_every: steps between the host's reads of how many sentences are live (and
             drops of the finished rows); the result does not depend on it.
+        buckets: finished rows leave in powers of two (`_live_rows`); the result does
+            not depend on it.
         constraints: the batch's forced prefixes and n-gram rule (`constraints.py`), or None.
 
     Returns:
@@ -218,31 +266,46 @@ def greedy_search(
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     first_max = int(max_len.min())  # the batch's one read before its steps
-    finished = Finished(n, 1, bound, cfg.pad_id, device)
-    stepper = _Stepper(model, src_ids, use_cache)
+    finished = Finished(n, 1, bound + 1, n, device, max_len)
+    stepper = _Stepper(model, src_ids, bound, n, use_cache)
+    always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # (A,) batch index of each row
+    rows = alive  # (A,) each row extends itself
     scores = torch.zeros(n, dtype=torch.float32, device=device)  # (A,)
+    open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) not ended yet
+    rule = None if constraints is None else _Constrained(constraints, n, bound, cfg.bos_id, device)
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
-        logits, lse = stepper.logits()  # (A, V), (A,)
-        best, tokens = _forbid(logits, step, min_len, cfg, constraints, stepper.tgt_ids,
-                               alive).max(dim=-1)
+        logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
+        if rule is not None:
+            rule(logp, alive, step)
+        best, tokens = logp.max(dim=-1)  # (A,)
         if step >= first_max:  # forced EOS where max_len is reached, scored as the model gave it
-            at_max = step >= max_len[alive]
-            best = torch.where(at_max, logits[:, cfg.eos_id], best)
+            at_max = step >= max_len
+            best = torch.where(at_max, logp[:, cfg.eos_id], best)
             tokens = tokens.masked_fill(at_max, cfg.eos_id)
-        scores += best - lse
-        rows = torch.arange(alive.numel(), device=device)[:, None]
-        finished.add(alive, (tokens == cfg.eos_id)[:, None], scores[:, None], rows, stepper.tgt_ids)
-        done = finished.close(alive)
-        stepper.append(tokens)
+        scores += best
+        is_eos = tokens == cfg.eos_id
+        # an EOS after the sentence's first is not filed: `Finished` keeps its first K
+        finished.add(step, alive, torch.where(is_eos, scores, math.nan)[:, None], rows[:, None])
+        open_ = open_ > is_eos  # and not EOS
         if step == bound:
             break
-        keep = _live_rows(done, step, sync_every)
-        if keep is not None:
-            if not keep.numel():
-                break
-            stepper.select(keep)
-            alive, scores = alive[keep], scores[keep]
+        keep = _live_rows(open_, step, sync_every, buckets)
+        if keep is None:
+            finished.follow(step, None, tokens)  # each row extends itself
+            stepper.advance(None, tokens)
+            if rule is not None:
+                rule.advance(None, tokens, step)
+            continue
+        if not keep.numel():
+            break
+        tokens = tokens[keep]
+        finished.follow(step, keep, tokens)
+        stepper.advance(keep, tokens, sentences=keep)
+        if rule is not None:
+            rule.advance(keep, tokens, step)
+        alive, scores, open_, max_len = alive[keep], scores[keep], open_[keep], max_len[keep]
+        rows = torch.arange(keep.numel(), device=device)
     return [hyps[0] for hyps in finished.hypotheses(lenpen)]
 
 
@@ -258,6 +321,7 @@ def beam_search(
     min_len: int = 1,
     use_cache: bool = True,
     sync_every: int = 1,
+    buckets: bool = False,
     constraints: Constraints | None = None,
 ) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first.
@@ -278,6 +342,8 @@ def beam_search(
             position at each step (the tests compare the two).
         sync_every: steps between the host's reads of how many sentences are live (and
             drops of the finished rows); the result does not depend on it.
+        buckets: finished sentences leave in powers of two (`_live_rows`); the result
+            does not depend on it.
         constraints: the batch's forced prefixes and n-gram rule (`constraints.py`), or None.
 
     Returns:
@@ -296,56 +362,77 @@ def beam_search(
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     first_max = int(max_len.min())  # the batch's one read before its steps
-    finished = Finished(n, k, bound, cfg.pad_id, device)
-    stepper = _Stepper(model, src_ids, use_cache)
-    alive = torch.arange(n, device=device)  # batch index of each live sentence (A,)
+    finished = Finished(n, k, bound + 1, n * k, device, max_len)
+    stepper = _Stepper(model, src_ids, bound, n * k, use_cache)
+    always, early = _forbidden(cfg, device)
+    # per live sentence (A,): hypotheses finished (K: done), batch index, max length; one
+    # tensor, so that dropping done sentences is one op
+    state = torch.stack([torch.zeros_like(max_len), torch.arange(n, device=device), max_len])
+    count, alive, max_len = state
     # One row per sentence at the first step (all its beams would be the same BOS): the
     # first selection then fans each sentence out to K rows, cache included.
     scores = torch.zeros(n, 1, device=device)  # (A, W): W beams per sentence, 1 then K
+    c = min(2 * k, cfg.vocab_size)  # winners per row (`best_continuations`)
+    rows = candidate_rows(n, 1, c, device)  # (A, W*C): fan-out makes W = K, and then
+    fanned = candidate_rows(n, k, c, device)  # fewer sentences keep a prefix of these
+    rule = None if constraints is None else _Constrained(constraints, n, bound, cfg.bos_id, device)
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
-        logits, lse = stepper.logits()  # (A*W, V), (A*W,)
-        at_max = forced = None
+        logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
+        if rule is not None:
+            rule(logp, alive.repeat_interleave(w) if w > 1 else alive, step)
+        forced = at_max = None
         if step >= first_max:  # (A,): these sentences end here with a forced EOS
-            at_max = step >= max_len[alive]
-            forced = (at_max[:, None].expand(a, w).reshape(-1), cfg.eos_id)
-        top_scores, top_beam, top_tok = best_continuations(
-            _forbid(logits, step, min_len, cfg, constraints, stepper.tgt_ids, alive, w),
-            scores.view(-1) - lse, w, 2 * k, forced)
+            at_max = step >= max_len
+            forced = (at_max, cfg.eos_id)
+        top_scores, top_rows, top_tok = best_continuations(logp, scores.view(-1), w, 2 * k,
+                                                           forced, rows)  # (A, 2K)
         # EOS candidates among the first K finish; the first K others are the live beams.
         is_eos = top_tok == cfg.eos_id  # (A, 2K)
-        ends = is_eos[:, :k] & top_scores[:, :k].isfinite()
-        first_rows = torch.arange(a, device=device)[:, None] * w
-        finished.add(alive, ends, top_scores[:, :k], first_rows + top_beam[:, :k], stepper.tgt_ids)
-        rank = torch.arange(top_tok.size(1), device=device) + is_eos * top_tok.size(1)
-        pick = rank.topk(min(k, rank.size(1)), dim=-1, largest=False).indices  # (A, K)
-        scores = top_scores.gather(1, pick)
-        beams, tokens = top_beam.gather(1, pick), top_tok.gather(1, pick)
-        done = finished.close(alive, also=at_max)  # (A,)
+        # A done sentence's later candidates are not filed: `Finished` keeps a sentence's
+        # first K, none past its max length.
+        ends = torch.where(is_eos[:, :k], top_scores[:, :k], math.nan)  # (A, K)
+        finished.add(step, alive, ends, top_rows[:, :k])  # NaN or -inf: none ends
+        count += (ends > -math.inf).sum(dim=1)  # not the forced rows' other candidates
+        if at_max is not None:
+            count.masked_fill_(at_max, k)
+        open_ = count < k
         if step == bound:
             break
-        keep = _live_rows(done, step, sync_every)
+        # the first K others, in order: a stable sort puts the EOS candidates last
+        pick = torch.sort(is_eos, dim=1, stable=True).indices[:, :k]  # (A, K)
+        scores = top_scores.gather(1, pick)  # (A, K)
+        index, tokens = top_rows.gather(1, pick).flatten(), top_tok.gather(1, pick).flatten()
+        keep = _live_rows(open_, step, sync_every, buckets)
         if keep is not None and not keep.numel():
             break
-        if keep is not None:
-            beams, tokens, scores, alive = beams[keep], tokens[keep], scores[keep], alive[keep]
-            first_rows = first_rows[keep]
-        # Beams move only within their sentence unless a sentence ended or fans out (step 1).
-        stepper.select((first_rows + beams).flatten(), same_sources=w == k and keep is None)
-        stepper.append(tokens.flatten())
+        if keep is not None:  # drop the done sentences and their rows
+            index = index.view(a, -1)[keep].flatten()
+            tokens = tokens.view(a, -1)[keep].flatten()
+            scores, state = scores[keep], state[:, keep]
+            count, alive, max_len = state
+        finished.follow(step, index, tokens)
+        stepper.advance(index, tokens, sentences=keep)
+        if rule is not None:
+            rule.advance(index, tokens, step)
+        a, w = scores.size()  # W < K only where the vocabulary holds under K tokens
+        rows = fanned[:a] if w == k else candidate_rows(a, w, c, device)
     return [hyps[:nbest] or [Hypothesis([], -math.inf)] for hyps in finished.hypotheses(lenpen)]
 
 
 def best_continuations(
     logits: torch.Tensor, offset: torch.Tensor, w: int, n: int,
-    forced_eos: tuple[torch.Tensor, int] | None = None,
+    forced_eos: tuple[torch.Tensor, int] | None = None, rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The n best (row, token) continuations of each sentence, best first.
 
     logits (A*W, V) of W rows per sentence; a continuation scores logits[r, v] + offset[r]
-    (offset: the row's score so far minus its logsumexp). Returns (scores, beam, token),
-    each (A, min(n, W*V)); beam in [0, W). forced_eos: (rows (A*W,) bool, eos id): those
-    rows continue with EOS only, at its own score (a hypothesis at its maximum length).
+    (offset: the row's score so far; logits: its log-probabilities). Returns (scores, beam, token),
+    each (A, min(n, W*V)); beam in [0, W). forced_eos: (sentences (A,) bool, eos id):
+    their rows continue with EOS only, at its own score (a hypothesis at its maximum length).
+
+    rows: None, or (A, W*C) the row number of each row's C winners (`candidate_rows`):
+    then the second output is the row (of all A*W) each continuation extends, not its beam.
 
     A sentence's n best continuations are among each row's n best tokens, since a row's
     offset shifts all its tokens alike: so rank the (A, W*n) row winners, not (A, W*V).
@@ -354,13 +441,21 @@ def best_continuations(
     row_top, row_tok = logits.topk(c, dim=-1)  # (A*W, C)
     if forced_eos is not None:  # on the (A*W, C) winners: no pass over (A*W, V)
         forced, eos = forced_eos
-        only_eos = torch.full_like(row_top, -math.inf)
-        only_eos[:, 0] = logits[:, eos]
-        row_top = torch.where(forced[:, None], only_eos, row_top)
-        row_tok = row_tok.masked_fill(forced[:, None], eos)
+        forced = forced.view(-1, 1, 1)  # (A, 1, 1): a sentence's W rows alike
+        only_eos = F.pad(logits[:, eos:eos + 1], (0, c - 1), value=-math.inf)  # (A*W, C)
+        row_top = torch.where(forced, only_eos.view(forced.size(0), -1, c),
+                              row_top.view(forced.size(0), -1, c)).view(-1, c)
+        row_tok = row_tok.view(forced.size(0), -1, c).masked_fill(forced, eos).view(-1, c)
     cand = (row_top + offset[:, None]).view(-1, w * c)  # (A, W*C)
     top_scores, top_idx = cand.topk(min(n, w * c), dim=-1)  # (A, n), best first
-    return top_scores, top_idx // c, row_tok.view(-1, w * c).gather(1, top_idx)
+    beam = top_idx // c if rows is None else rows.gather(1, top_idx)
+    return top_scores, beam, row_tok.view(-1, w * c).gather(1, top_idx)
+
+
+def candidate_rows(a: int, w: int, c: int, device: torch.device) -> torch.Tensor:
+    """(A, W*C): the row (of A*W) of each of the C winners of each row, as
+    `best_continuations` lays them out for a sentence's W rows."""
+    return torch.arange(a * w, device=device).repeat_interleave(c).view(a, w * c)
 
 
 def search(model, src_ids: torch.Tensor, cfg: DecodeConfig,
@@ -387,13 +482,15 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig,
     The host reads the device every `SYNC_EVERY[device type]` steps (1 on a CPU).
     """
     sync_every = SYNC_EVERY.get(src_ids.device.type, 1)
+    buckets = src_ids.device.type in BUCKETS
     constraints = Constraints.build(prefixes, cfg.no_repeat_ngram_size, src_ids.device)
     if cfg.method == "greedy":
         hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
-                             cfg.lenpen, sync_every=sync_every, constraints=constraints)
+                             cfg.lenpen, sync_every=sync_every, buckets=buckets,
+                             constraints=constraints)
         return [[h] for h in hyps]
     if cfg.method == "beam":
         return beam_search(model, src_ids, cfg.beam_size, cfg.lenpen, cfg.nbest,
                            cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every,
-                           constraints=constraints)
+                           buckets=buckets, constraints=constraints)
     raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy or beam")

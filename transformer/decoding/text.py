@@ -41,11 +41,11 @@ from transformer.decoding.batch_memory import check_decode_memory, decode_max_to
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.search import search
 from transformer.device import (
-    autocast,
     keep_large_blocks_in_the_heap,
     resolve_device,
     resolve_precision,
 )
+from transformer.model.weights import held_in
 
 if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no import here)
     from transformer.model.transformer import Transformer
@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 # (`batch_memory.decode_max_tokens`), below the ceiling of 65,536: 64,000 source tokens at
 # most. A GPU decodes more sentences a step for little more time.
 CPU_MAX_TOKENS, CUDA_MAX_TOKENS, CUDA_MAX_TOKENS_CEILING = 2000, 8000, 65536
+
+# A resolved precision's dtype: what the weights are held in while decoding.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> DecodeConfig:
@@ -141,10 +144,11 @@ def translate_nbest(
     together and each line's translations joined again (`join_nbest`). `counts`, if given,
     receives the numbers of lines, sentences and decoded units (sentences and pieces).
     Empty lines are not decoded: they give [("", 0.0)]. Our model is put in eval mode
-    for the call and restored afterwards; an exported model (`ct2_model.CT2Model`) runs its
+    for the call and restored afterwards, its weights held in cfg.precision's dtype
+    meanwhile (copies where they are in another); an exported model (`ct2_model.CT2Model`) runs its
     own search on the same batches. `after_batch` is called after each decoding batch
-    (training's validation gives its `device.HeapTrimmer`: a batch's growing key/value
-    caches leave heap holes of every length).
+    (training's validation gives its `device.HeapTrimmer`: each batch's key/value caches,
+    sized to its length bound, leave heap holes of many lengths).
 
     Args:
         model (Transformer | CT2Model): the model (a DistributedDataParallel wrapper is
@@ -280,15 +284,21 @@ def _warn_long(segs: Segments, max_len: int, first_line: int = 1) -> None:
 
 @contextlib.contextmanager
 def _inference_mode(model: torch.nn.Module, precision: str, device: torch.device):
-    """Eval mode, no autograd, autocast to `precision`; the model's mode restored after.
+    """Eval mode, no autograd, the weights in `precision`'s dtype; the model's mode (and
+    weights) restored after.
 
-    A model already in eval mode is left untouched (nothing written on it): a `Translator`
-    puts its model in eval mode once, so that threads sharing it never flip its mode."""
+    A model already in eval mode is left untouched (its mode is not written): a
+    `Translator` puts its model in eval mode once, so that threads sharing it never flip
+    its mode. The model computes in its weights' dtype, without autocast, as CTranslate2
+    computes in its `compute_type`: a model held in another dtype (fp32 for training, or
+    as loaded) gets copies in this one for the call (`weights.held_in`), cast once rather
+    than by autocast at every product of every step.
+    """
     was_training = model.training
     if was_training:
         model.eval()
     try:
-        with torch.inference_mode(), autocast(precision, device):
+        with held_in(model, DTYPES[precision]), torch.inference_mode():
             yield
     finally:
         if was_training:
@@ -336,7 +346,7 @@ def format_nbest(nbest: list[list[tuple[str, float]]], start: int = 0) -> list[s
 
 
 def load_for_inference(
-    checkpoint: str | None, device_pref: str, threads: int | None = None
+    checkpoint: str | None, device_pref: str, threads: int | None = None, dtype: str | None = None
 ) -> tuple[Transformer | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
@@ -354,6 +364,10 @@ def load_for_inference(
         device_pref: `auto`, `cpu`, `cuda` or `cuda:N` (mt-translate's `device`).
         threads: CPU threads; for a checkpoint `torch.set_num_threads`, which holds for
             the whole process.
+        dtype: the weights' dtype, that of the precision the model will decode in:
+            `auto` (`device.resolve_precision`'s choice), `fp32`, `bf16` or `fp16`
+            (CUDA); None: as saved (fp32). A model decoded in another precision gets
+            copies of its weights for each call (`weights.held_in`). Not for an export.
 
     Returns:
         model: a `Transformer` in eval mode on the device, or a `CT2Model`.
@@ -363,17 +377,20 @@ def load_for_inference(
     Raises:
         CheckpointError: no checkpoint given, or one that is missing, incomplete or
             corrupt (the message names the file).
-        ConfigError: a device this machine does not have, a corrupt export, or an export
-            without ctranslate2 installed.
+        ConfigError: a device this machine does not have, a corrupt export, an export
+            without ctranslate2 installed, or a dtype the device cannot run.
     """
     if not checkpoint:
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
     if is_export(checkpoint):
+        if dtype not in (None, "auto"):
+            raise ConfigError(f"dtype={dtype}: an export computes in the type it was exported with")
         return load_export(checkpoint, device_pref, threads)
     device = resolve_device(device_pref, key="device")
+    held = None if dtype is None else DTYPES[resolve_precision(dtype, device, key="dtype")[0]]
     if device.type == "cpu":
         keep_large_blocks_in_the_heap()
         if threads is not None:
             torch.set_num_threads(threads)
     model, tokenizer = load_model(checkpoint, device)
-    return model, tokenizer, device
+    return (model if held is None else model.to(held)), tokenizer, device

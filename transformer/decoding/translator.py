@@ -59,15 +59,16 @@ from transformer.decoding.arguments import (
 )
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.scoring import score_lines
-from transformer.decoding.text import decode_settings
+from transformer.decoding.text import DTYPES, decode_settings
 from transformer.decoding.translations import (
     Translation,
     encode_prefixes,
     translate_batch,
     translate_windows,
 )
-from transformer.device import resolve_device
+from transformer.device import PRECISIONS, resolve_device, resolve_precision
 from transformer.model.transformer import Transformer
+from transformer.model.weights import copied_in
 
 __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class Translator:
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "auto", precision: str = "auto",
-             threads: int | None = None, **settings: Any) -> Translator:
+             threads: int | None = None, dtype: str = "auto", **settings: Any) -> Translator:
         """Load a checkpoint directory or a CTranslate2 export (`mt-export`).
 
         Args:
@@ -112,6 +113,8 @@ class Translator:
             device: `auto` (CUDA where there is a GPU), `cpu`, `cuda`, `cuda:N`.
             precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
                 native bf16, else fp32), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
+            dtype: the weights' (CTranslate2's `compute_type`; `auto`: precision's): no step
+                casts them; a call in another precision decodes on a copy. An export: `auto`.
             threads: a checkpoint: torch's threads during the calls (None: as they are);
                 an export: CTranslate2's workers (None: 2). mt-translate's `threads`.
             **settings: defaults for `translate` by `DecodeConfig` field name (not `nbest`).
@@ -123,7 +126,7 @@ class Translator:
         """
         with as_arguments():
             model, tokenizer, where, torch_device, decode = _open(path, str(device), precision,
-                                                                 threads, settings)
+                                                                 threads, settings, dtype)
         return cls(model, tokenizer, device=torch_device, decode=decode, path=where, threads=threads)
 
     # a str gives one result, an iterable a list; nbest: a list each; return_scores: Translations
@@ -184,7 +187,7 @@ class Translator:
         cfg = self._config(settings, nbest)
         prefixes = encode_prefixes(self.tokenizer, target_prefix, len(batch), single)
         with as_arguments(), torch_threads(self.threads):
-            out = translate_batch(self.model, self.tokenizer, batch, cfg, self.device, nbest,
+            out = translate_batch(_in_dtype(self.model, cfg), self.tokenizer, batch, cfg, self.device, nbest,
                                   return_scores or return_attention, return_attention, prefixes)
         return out[0] if single else out
 
@@ -220,7 +223,7 @@ class Translator:
         cfg = self._config(settings, nbest)
         with as_arguments():
             cfg = decode_settings(cfg, self.device, self.model)  # a bad setting before any line
-        return translate_windows(self.model, self.tokenizer, lines, cfg, self.device, nbest,
+        return translate_windows(_in_dtype(self.model, cfg), self.tokenizer, lines, cfg, self.device, nbest,
                                  return_scores or return_attention, return_attention,
                                  around=lambda: torch_threads(self.threads))
 
@@ -261,7 +264,7 @@ class Translator:
         details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
             cfg = decode_settings(cfg, self.device, self.model)
-            scores = score_lines(self.model, self.tokenizer, src, tgt, cfg, self.device, details)
+            scores = score_lines(_in_dtype(self.model, cfg), self.tokenizer, src, tgt, cfg, self.device, details)
         out = scores if details is None else list(zip(scores, details, strict=True))
         return out[0] if single else out
 
@@ -270,12 +273,18 @@ class Translator:
             return decode_config(self.decode, settings if nbest is None else {**settings, "nbest": nbest})
 
     def __repr__(self) -> str:
-        return (f"Translator({str(self.path)!r}, device={self.device}, "
-                f"precision={self.decode.precision})")
+        return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
+
+
+def _in_dtype(model: Transformer | CT2Model, cfg: DecodeConfig) -> Transformer | CT2Model:
+    """The model to decode in cfg's precision: the shared one, which a call never changes
+    (threads may share it), or a copy for this call where its weights are in another dtype."""
+    return model if isinstance(model, CT2Model) else copied_in(model, DTYPES[cfg.precision])
 
 
 def _open(path: str | Path, device: str, precision: str, threads: int | None,
-          settings: dict[str, Any]) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
+          settings: dict[str, Any], dtype: str = "auto",
+          ) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
     """`Translator.load`'s work: every argument checked before any is used, then the model
     read (no process-wide setting: the commands' `text.load_for_inference` makes those)."""
     if "nbest" in settings:
@@ -284,12 +293,20 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     positive("threads", threads, optional=True)
     at_most_workers("threads", threads)
     decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
+    if dtype not in PRECISIONS:
+        raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(PRECISIONS)}")
     where = check_path(path)  # all of the above before any work
     if is_export(where):
+        if dtype != "auto":
+            raise ConfigError(f"dtype={dtype}: an export computes in the type it was exported "
+                              "with; leave dtype=auto")
         model, tokenizer, torch_device = load_export(where, device, threads)
     else:
         torch_device = resolve_device(device, key="device")
+        held = resolve_precision(dtype, torch_device, key="dtype")[0] if dtype != "auto" else None
         model, tokenizer = load_model(where, torch_device)
+        held = held or decode_settings(decode, torch_device, model).precision
+        model = model.to(DTYPES[held])  # the weights in the dtype the step computes in
     decode_settings(decode, torch_device, model)  # what depends on the device and the model
     if torch_device.type == "cpu" and not isinstance(model, CT2Model):
         _warn_if_spinning(threads or torch.get_num_threads())

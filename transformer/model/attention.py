@@ -29,7 +29,8 @@ class KVCache:
     """Keys and values of one attention layer kept between decoding steps, (B, H, L, Dh).
 
     Self-attention caches grow by the new positions at every call; cross-attention
-    caches are computed once from the encoder memory and then reused.
+    caches are computed once from the encoder memory and then reused. (The model's
+    incremental decoding keeps its own preallocated cache: `cache.DecoderCache`.)
     """
 
     k: torch.Tensor | None = None

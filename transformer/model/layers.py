@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from transformer.model.attention import KVCache, MultiHeadAttention
+from transformer.model.attention import MultiHeadAttention
 from transformer.model.dropout import Dropout
 
 
@@ -76,24 +76,11 @@ class EncoderLayer(nn.Module):
         return self.ffn_res(x, self.ffn)
 
 
-class LayerCache:
-    """The decoder layer's caches: self-attention (growing) and cross-attention (fixed)."""
-
-    def __init__(self) -> None:
-        self.self_attn = KVCache()
-        self.cross_attn = KVCache()
-
-    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
-        self.self_attn.reorder(index)
-        if cross:
-            self.cross_attn.reorder(index)
-
-
 class DecoderLayer(nn.Module):
     """Causal self-attention over the target, cross-attention to the encoder's memory, then
-    the FFN; each a Residual (section 3.1). With a LayerCache it decodes incrementally:
-    self-attention keys/values grow by the new positions, cross-attention's are projected
-    from the memory once."""
+    the FFN; each a Residual (section 3.1). This is the full-sequence forward; incremental
+    decoding runs the same layer one step at a time on a `cache.DecoderCache`
+    (`cache.decode_step`)."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float,
                  attn_dropout: float, ffn_dropout: float, pre_norm: bool) -> None:
@@ -111,13 +98,8 @@ class DecoderLayer(nn.Module):
         memory: torch.Tensor,
         tgt_mask: torch.Tensor,
         src_mask: torch.Tensor,
-        cache: LayerCache | None = None,
     ) -> torch.Tensor:
-        """x (B, T, D), memory (B, S, D), tgt_mask (B, 1, T, T_total), src_mask (B, 1, 1, S)."""
-        self_cache = cache.self_attn if cache is not None else None
-        cross_cache = cache.cross_attn if cache is not None else None
-        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, tgt_mask, self_cache))
-        x = self.cross_attn_res(
-            x, lambda h: self.cross_attn(h, memory, src_mask, cross_cache, static_kv=True)
-        )
+        """x (B, T, D), memory (B, S, D), tgt_mask (B, 1, T, T), src_mask (B, 1, 1, S)."""
+        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, tgt_mask))
+        x = self.cross_attn_res(x, lambda h: self.cross_attn(h, memory, src_mask))
         return self.ffn_res(x, self.ffn)

@@ -17,37 +17,10 @@ from torch import nn
 
 from transformer.config import ModelConfig
 from transformer.model.attention import autocast_input
+from transformer.model.cache import DecoderCache, decode_step
 from transformer.model.dropout import Dropout
-from transformer.model.layers import DecoderLayer, EncoderLayer, LayerCache, sinusoid_table
+from transformer.model.layers import DecoderLayer, EncoderLayer, sinusoid_table
 from transformer.model.masks import src_key_mask, tgt_self_mask
-
-
-class DecoderCache:
-    """State of incremental decoding: every layer's key/value caches and the ids so far.
-
-    Pass an empty `DecoderCache()` to `decode` with the first token(s); each later call
-    feeds only the new tokens. `reorder(index)` follows beam search's choice of rows.
-    """
-
-    def __init__(self) -> None:
-        self.layers: list[LayerCache] = []
-        self.tgt_ids: torch.Tensor | None = None  # (B, T_so_far)
-
-    def __len__(self) -> int:
-        return 0 if self.tgt_ids is None else self.tgt_ids.size(1)
-
-    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
-        """Keep rows `index` (B',) in that order.
-
-        cross=False leaves the cross-attention caches as they are. That is right when
-        each row moves to a row of the same source: beam search choosing among the beams
-        of one sentence, whose cross-attention keys and values are identical. It saves
-        copying them at every step.
-        """
-        for layer in self.layers:
-            layer.reorder(index, cross)
-        if self.tgt_ids is not None:
-            self.tgt_ids = self.tgt_ids.index_select(0, index)
 
 
 class Transformer(nn.Module):
@@ -228,24 +201,20 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """The decoder's output before the vocabulary projection, (B, T, D)."""
         self._check_ids(tgt_in_ids, "tgt_in_ids")
+        if cache is not None:  # one step of incremental decoding (cache.py)
+            try:
+                return decode_step(self, tgt_in_ids, memory, src_ids, cache)
+            except IndexError:  # the CPU lookup's range check: name the tensor
+                raise ValueError(f"tgt_in_ids holds ids outside the vocabulary [0, {self.cfg.vocab_size})") from None
         if memory.shape[:2] != src_ids.shape or tgt_in_ids.size(0) != src_ids.size(0):
             raise ValueError(f"shapes disagree: tgt_in_ids {tuple(tgt_in_ids.shape)}, memory "
                              f"{tuple(memory.shape)}, src_ids {tuple(src_ids.shape)}")
-        offset = len(cache) if cache is not None else 0
-        all_ids = tgt_in_ids
-        if cache is not None:
-            if not cache.layers:
-                cache.layers = [LayerCache() for _ in self.decoder_layers]
-            if cache.tgt_ids is not None:
-                all_ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
-            cache.tgt_ids = all_ids
-        tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
+        tgt_mask = tgt_self_mask(tgt_in_ids, self.cfg.pad_id)  # (B, 1, T, T)
         src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         memory = autocast_input(memory)  # once, not in every layer's k and v projections
-        x = self._embed(self.tgt_embed, tgt_in_ids, "tgt_in_ids", offset)
-        for i, layer in enumerate(self.decoder_layers):
-            layer_cache = cache.layers[i] if cache is not None else None
-            x = layer(x, memory, tgt_mask, src_mask, layer_cache)
+        x = self._embed(self.tgt_embed, tgt_in_ids, "tgt_in_ids")
+        for layer in self.decoder_layers:
+            x = layer(x, memory, tgt_mask, src_mask)
         return self.decoder_norm(x)
 
 
