@@ -175,3 +175,15 @@ def step_pids(where: str) -> list[int]:
         if b"--step" in args and any(where.encode() in a for a in args):
             found.append(int(cmdline.parent.name))
     return found
+
+
+def test_a_group_that_ends_between_the_look_and_the_signal_is_no_error(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import harness
+
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    looks = iter([True])  # alive when looked at, gone when signalled
+    monkeypatch.setattr(harness, "group_alive", lambda p: next(looks, False))
+    harness.stop_group(proc, 0.5)  # no ProcessLookupError
+    assert proc.returncode == 0

@@ -26,6 +26,7 @@ figures and returns it, and raises `StepFailed` (or `StepSkipped`) with one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -180,15 +181,16 @@ def passed(steps: dict[str, dict]) -> bool:
 
 def stop_group(proc: subprocess.Popen, grace: float) -> None:
     """SIGTERM to the process group `proc` leads, SIGKILL `grace` seconds later to whatever
-    of it is left; nothing when the group has ended."""
-    if not group_alive(proc):
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while group_alive(proc) and time.monotonic() < end:
-        time.sleep(0.2)
-    if group_alive(proc):
-        os.killpg(proc.pid, signal.SIGKILL)
+    of it is left; nothing when the group has ended (also when it ends between the look
+    and the signal)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
+        if not group_alive(proc):
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        end = time.monotonic() + wait
+        while time.monotonic() < end and group_alive(proc):
+            time.sleep(0.2)
     proc.wait()
 
 
