@@ -95,6 +95,7 @@ class Translator:
         device = torch.device(device)
         with as_arguments():
             positive("threads", threads, optional=True)
+            at_most_workers("threads", threads)
             settings = decode_config(DecodeConfig() if decode is None else decode, {})
             self.decode = decode_settings(settings, device, model)
         if not isinstance(model, CT2Model):
