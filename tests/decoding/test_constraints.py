@@ -83,6 +83,16 @@ def test_a_search_starts_with_its_prefix_and_repeats_no_ngram(method):
 
 
 @pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_a_prefix_follows_its_sentence_when_the_batch_drops_a_finished_one(method):
+    model = tiny_model(seed=1)
+    src = pad_batch([[5], [9, 10, 11, 12, 13, 14]])  # limits |x|: 1 and 6 tokens
+    cfg = DecodeConfig(method=method, beam_size=3, max_len_a=1.0, max_len_b=0, lenpen=0.0)
+    short, long = search(model, src, cfg, [None, [20, 21, 22, 23]])
+    assert len(short[0].tokens) == 1  # it ended at step 1, its rows left the batch
+    assert long[0].tokens[:4] == [20, 21, 22, 23]  # steps 2 and 3 still forced
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
 def test_a_prefix_that_repeats_an_ngram_wins_over_the_ngram_rule(method):
     model = tiny_model(seed=1)
     src = pad_batch([[5, 6, 7, 8], [9, 10]])
