@@ -213,7 +213,7 @@ class Translator:
         keywords are `translate`'s (but `target_prefix`), checked at the call.
 
         Raises:
-            ConfigError: a bad setting, at the call (named by its keyword).
+            ConfigError: a bad setting (named by its keyword), attention of an export: at the call.
             TypeError: a str or bytes for lines, at the call; a line that is not a str,
                 when the iterator reaches it.
         """
