@@ -5,6 +5,8 @@ meaning of "passed" are checked in seconds, apart from the scripts' minutes-long
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -138,3 +140,50 @@ def test_what_a_step_leaves_running_is_stopped_before_the_next_step(tmp_path):
     stat = Path(f"/proc/{pid}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # gone, or a zombie
     assert report["steps"]["leaves"]["seconds"] < 10  # SIGTERM ended it: no wait for its 60 s
+
+
+def test_a_parent_stopped_by_sigterm_stops_the_running_step_first(tmp_path):
+    script = tmp_path / "toy.py"
+    script.write_text(TABLE.format(gpu=str(ROOT / "scripts" / "gpu")))
+    parent = subprocess.Popen([sys.executable, str(script), "--out", str(tmp_path / "out"),
+                               "--steps", "stubborn"], stdout=subprocess.DEVNULL)
+    plan, end = tmp_path / "out" / "work" / "stubborn.plan.json", time.monotonic() + 30
+    while not plan.exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    time.sleep(1)  # the child runs and ignores SIGTERM
+    child = step_pids(str(tmp_path))[0]
+    parent.send_signal(signal.SIGTERM)
+    rc = parent.wait(timeout=30)
+    try:  # the child, in a session of its own, had SIGKILL after the 1 s grace
+        alive = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        alive = False
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert rc == 128 + signal.SIGTERM
+    assert not alive, "the step outlived the harness"
+
+
+def step_pids(where: str) -> list[int]:
+    """The processes running a toy step from `where`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        if b"--step" in args and any(where.encode() in a for a in args):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def test_a_group_that_ends_between_the_look_and_the_signal_is_no_error(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import harness
+
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    looks = iter([True])  # alive when looked at, gone when signalled
+    monkeypatch.setattr(harness, "group_alive", lambda p: next(looks, False))
+    harness.stop_group(proc, 0.5)  # no ProcessLookupError
+    assert proc.returncode == 0

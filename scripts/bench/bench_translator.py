@@ -48,6 +48,18 @@ def make(out: Path) -> None:
     print(save_checkpoint(out, model, tokenizer, "", {}))
 
 
+def keyword(item: str) -> tuple[str, object]:
+    """`--with KEY=VALUE` as (key, the Python literal VALUE); a one-line error otherwise."""
+    key, sep, value = item.partition("=")
+    try:
+        if not sep or not key.isidentifier():
+            raise ValueError
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"{item!r}: give KEY=VALUE, VALUE a Python literal "
+                                         "(return_scores=True, method='beam')") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", nargs="?", help="a checkpoint directory")
@@ -56,6 +68,7 @@ def main() -> None:
     parser.add_argument("--method", default="greedy", choices=["greedy", "beam"])
     parser.add_argument("--repeats", type=int, default=1, help="translate calls, each timed")
     parser.add_argument("--with", dest="keywords", action="append", default=[], metavar="KEY=VALUE",
+                        type=keyword,
                         help="a keyword for translate (a Python literal: return_scores=True, "
                              "no_repeat_ngram_size=3); repeatable")
     args = parser.parse_args()
@@ -68,8 +81,7 @@ def main() -> None:
 
     source = next(p for p in SOURCES if p.is_file())
     lines = read_lines(source)[: args.lines]
-    keywords = {key: ast.literal_eval(value) for key, value in
-                (item.split("=", 1) for item in args.keywords)}
+    keywords = dict(args.keywords)
     translator = Translator.load(args.checkpoint, device="cpu")
     translator.translate(lines[:4], method=args.method, **keywords)  # warm-up
     for _ in range(args.repeats):

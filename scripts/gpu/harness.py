@@ -9,8 +9,8 @@
   "not run". A script may shape a step's limit and plan (`budget`: the recipe's train step).
 - **One kill policy.** At its limit a step's whole process group gets SIGTERM (mt-train
   saves a checkpoint and stops), then SIGKILL `plan.grace` seconds later; whatever a step
-  leaves running when it ends is stopped the same way. A run takes at most its deadline
-  plus one grace.
+  leaves running when it ends is stopped the same way, and so is the running step when
+  the parent is stopped (SIGTERM, Ctrl-C). A run takes at most its deadline plus one grace.
 - **One JSON**, `<out>/<name>.json`, rewritten after every step: a run cut off still says
   what it found. Each step's entry has its status, its seconds and its figures (kept when
   it fails).
@@ -26,6 +26,7 @@ figures and returns it, and raises `StepFailed` (or `StepSkipped`) with one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -89,6 +90,16 @@ class Harness:
         MIN_LIMIT: not run). The exit status: 0 when the run passed, else 1."""
         out.mkdir(parents=True, exist_ok=True)
         work.mkdir(parents=True, exist_ok=True)
+        # SIGTERM to the parent (a job's time limit) unwinds like Ctrl-C, so that the step
+        # running in its own session is stopped too (`run_child`'s finally)
+        before = signal.signal(signal.SIGTERM, _exit_on_signal)
+        try:
+            return self._run(plan, steps, out, work, report, budget)
+        finally:
+            signal.signal(signal.SIGTERM, before)
+
+    def _run(self, plan, steps: list[str], out: Path, work: Path, report: dict,
+             budget: Callable[[str, Any, int, int], tuple[int, Any]] | None) -> int:
         report["steps"] = {}
         json_path, log_path = out / f"{self.name}.json", out / f"{self.name}.log"
         deadline = time.monotonic() + plan.deadline
@@ -123,12 +134,13 @@ class Harness:
             log.write(f"\n===== step {name} (limit {limit} s) =====\n")
             log.flush()
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            rc: int | None
+            rc: int | None = None
             try:
                 rc = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
-                rc = None
-            stop_group(proc, plan.grace)
+                pass
+            finally:  # also when the parent is interrupted: the child's session is its own
+                stop_group(proc, plan.grace)
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
         if rc is None:
             result |= {"status": "failed", "error": f"timed out after {limit} s"}
@@ -157,6 +169,10 @@ class Harness:
         return 1 if result["status"] == "failed" else 0
 
 
+def _exit_on_signal(signum: int, frame) -> None:
+    """A signal's handler: exit as the signal would, through the finally blocks."""
+    sys.exit(128 + signum)
+
 
 def passed(steps: dict[str, dict]) -> bool:
     """The run passed: every step it ran passed (skipped, failed and not run do not)."""
@@ -165,15 +181,16 @@ def passed(steps: dict[str, dict]) -> bool:
 
 def stop_group(proc: subprocess.Popen, grace: float) -> None:
     """SIGTERM to the process group `proc` leads, SIGKILL `grace` seconds later to whatever
-    of it is left; nothing when the group has ended."""
-    if not group_alive(proc):
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while group_alive(proc) and time.monotonic() < end:
-        time.sleep(0.2)
-    if group_alive(proc):
-        os.killpg(proc.pid, signal.SIGKILL)
+    of it is left; nothing when the group has ended (also when it ends between the look
+    and the signal)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
+        if not group_alive(proc):
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        end = time.monotonic() + wait
+        while time.monotonic() < end and group_alive(proc):
+            time.sleep(0.2)
     proc.wait()
 
 

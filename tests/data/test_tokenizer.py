@@ -68,6 +68,9 @@ def test_piece_ids_invert_id_to_piece_and_name_a_foreign_piece(tok: Tokenizer) -
     assert tok.piece_ids([tok.id_to_piece(1)]) == [1]  # <unk> itself
     with pytest.raises(ValueError, match="'no such piece' is not a piece of this model's vocabulary"):
         tok.piece_ids(["no such piece"])
+    for control in (tok.pad_id, tok.bos_id, tok.eos_id):  # no text holds them, no search writes them
+        with pytest.raises(ValueError, match=f"^{tok.id_to_piece(control)!r} is a control symbol"):
+            tok.piece_ids([tok.id_to_piece(ids[0]), tok.id_to_piece(control)])
 
 
 def test_proto_save_load_and_pickle_reproduce_the_model(tok: Tokenizer, tmp_path) -> None:

@@ -71,8 +71,14 @@ def test_lines_are_a_list_of_str_and_a_single_str_says_so():
 def test_pairs_are_both_str_or_both_lists_of_as_many():
     assert as_pairs("Ciao", "Hi") == (["Ciao"], ["Hi"], True)
     assert as_pairs(["a", "b"], ("x", "y")) == (["a", "b"], ["x", "y"], False)
+    assert as_pairs("Ciao", ["▁Hi", "!"]) == (["Ciao"], [["▁Hi", "!"]], True)  # one line's pieces
+    assert as_pairs(["a"], [["▁x"]]) == (["a"], [["▁x"]], False)
     with pytest.raises(TypeError, match="both as a str, or both as lists"):
-        as_pairs("Ciao", ["Hi"])
+        as_pairs(["Ciao"], "Hi")
+    with pytest.raises(TypeError, match="both as a str"):
+        as_pairs("Ciao", 3)
+    with pytest.raises(TypeError, match=r"^targets\[0\] is a list holding a non-str"):
+        as_pairs("Ciao", ["▁Hi", 3])
     with pytest.raises(ValueError, match=r"^2 sources but 1 targets"):
         as_pairs(["a", "b"], ["x"])
     with pytest.raises(TypeError, match=r"^targets\[0\] is a NoneType"):

@@ -8,6 +8,7 @@ either the search is what it was; bad values are one-line errors naming the key.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 
@@ -79,6 +80,31 @@ def test_a_search_starts_with_its_prefix_and_repeats_no_ngram(method):
                 grams = [tuple(h.tokens[i:i + n]) for i in range(len(h.tokens) - n + 1)]
                 assert len(grams) == len(set(grams))
     assert search(model, src, cfg, [None, None, None]) == plain  # no prefix: as before
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_a_prefix_follows_its_sentence_when_the_batch_drops_a_finished_one(method):
+    model = tiny_model(seed=1)
+    src = pad_batch([[5], [9, 10, 11, 12, 13, 14]])  # limits |x|: 1 and 6 tokens
+    cfg = DecodeConfig(method=method, beam_size=3, max_len_a=1.0, max_len_b=0, lenpen=0.0)
+    short, long = search(model, src, cfg, [None, [20, 21, 22, 23]])
+    assert len(short[0].tokens) == 1  # it ended at step 1, its rows left the batch
+    assert long[0].tokens[:4] == [20, 21, 22, 23]  # steps 2 and 3 still forced
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_a_prefix_that_repeats_an_ngram_wins_over_the_ngram_rule(method):
+    model = tiny_model(seed=1)
+    src = pad_batch([[5, 6, 7, 8], [9, 10]])
+    cfg = DecodeConfig(method=method, beam_size=3, max_len_a=0, max_len_b=10, lenpen=0.0,
+                       no_repeat_ngram_size=2)
+    prefixes = [[20, 21, 20, 21], None]  # (20, 21) twice
+    for prefix, hyps in zip(prefixes, search(model, src, cfg, prefixes), strict=True):
+        tokens, after = hyps[0].tokens, len(prefix or [])
+        assert tokens[:after] == (prefix or []) and math.isfinite(hyps[0].score)
+        grams = list(itertools.pairwise(tokens))  # grams[i] ends at token i + 1
+        for i in range(max(after - 1, 0), len(grams)):  # those the search chose repeat none
+            assert grams[i] not in grams[:i]
 
 
 @pytest.mark.parametrize("keywords", SEARCHES, ids=["greedy", "beam"])

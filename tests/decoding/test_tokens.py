@@ -95,6 +95,8 @@ def test_an_exports_tokens_score_as_its_search(ending, keywords, tmp_path):
     check_tokens(translator, keywords, keywords.get("lenpen", 0.6))
     with pytest.raises(ConfigError, match=r"^return_attention=True: an exported model gives no attention"):
         translator.translate("Ciao", return_attention=True)
+    with pytest.raises(ConfigError, match=r"^return_attention=True: an exported model gives no attention"):
+        translator.translate_iterable(["Ciao"], return_attention=True)  # at the call, not at next()
 
 
 def test_attention_rows_are_distributions_over_the_source_and_align(ending):

@@ -122,6 +122,8 @@ def test_a_model_in_memory_translates_as_its_checkpoint(checkpoint):
         Translator.load(checkpoint, method="greedy", max_len_b=6).translate(LINES)
     with pytest.raises(ConfigError, match=r"^beam_size=0: must be >= 1$"):
         Translator(model, tokenizer, decode=DecodeConfig(beam_size=0))
+    with pytest.raises(ConfigError, match=r"^threads=100000: must be <= \d+, the CPU cores"):
+        Translator(model, tokenizer, threads=100_000)  # as load bounds it
 
 
 def test_one_string_in_one_string_out(checkpoint):

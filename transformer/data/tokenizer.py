@@ -97,11 +97,14 @@ class Tokenizer:
 
     def piece_ids(self, pieces: list[str]) -> list[int]:
         """The ids of SentencePiece pieces (`id_to_piece`'s inverse); ValueError naming a
-        piece that is not in the vocabulary."""
+        piece that is not in the vocabulary, or a control symbol (padding, BOS, EOS), which
+        no text holds."""
         ids = [self._sp.piece_to_id(p) for p in pieces]
         for p, i in zip(pieces, ids, strict=True):
             if i == UNK_ID and p != self._sp.id_to_piece(UNK_ID):
                 raise ValueError(f"{p!r} is not a piece of this model's vocabulary")
+            if i in (PAD_ID, BOS_ID, EOS_ID):
+                raise ValueError(f"{p!r} is a control symbol, not a piece of a text")
         return ids
 
     def pieces(self, text: str) -> list[str]:

@@ -16,7 +16,8 @@ gives the search's score.
   len(prefix[b]) tokens: at step t < len(prefix[b]) every other token of its rows is
   ruled out, EOS included.
 - `no_repeat_ngram_size` n (0: off; fairseq's, HF's and CTranslate2's option): a row
-  never writes a token that would repeat an n-gram of its own output (BOS not counted).
+  never writes a token that would repeat an n-gram of its own output (BOS not counted),
+  except inside its forced prefix, which is written as given: the prefix wins.
 
 Nothing here reads the device: the step number and the prefix lengths' maximum are host
 integers known before the steps.
@@ -66,10 +67,12 @@ class Constraints:
         may be wider: columns past t are ignored); sent (R,): the sentence of each row
         (an index into the prefixes).
         """
-        if self.prefix is not None and step < self.prefix_len:
-            force_prefix(logits, self.prefix[sent, step])
-        if self.no_repeat_ngram_size:
-            ban_repeats(logits, history[:, 1:step + 1], self.no_repeat_ngram_size)
+        wanted = self.prefix[sent, step] if self.prefix is not None and step < self.prefix_len else None
+        if self.no_repeat_ngram_size:  # not on a row still in its prefix, which may repeat
+            ban_repeats(logits, history[:, 1:step + 1], self.no_repeat_ngram_size,
+                        None if wanted is None else wanted < 0)
+        if wanted is not None:
+            force_prefix(logits, wanted)
         return logits
 
 
@@ -80,18 +83,21 @@ def force_prefix(logits: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill_(other, -math.inf)
 
 
-def ban_repeats(logits: torch.Tensor, written: torch.Tensor, n: int) -> torch.Tensor:
+def ban_repeats(logits: torch.Tensor, written: torch.Tensor, n: int,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
     """Rule out, in place on logits (R, V), each token that would close an n-gram that
-    `written` (R, t) already holds (its last n - 1 tokens followed by it)."""
+    `written` (R, t) already holds (its last n - 1 tokens followed by it); only on `rows`
+    (R,) bool, if given."""
     t = written.size(1)
     if n == 1:  # every token written is a 1-gram
-        return _ban(logits, written, torch.ones_like(written, dtype=torch.bool))
+        match = torch.ones_like(written, dtype=torch.bool)
+        return _ban(logits, written, match if rows is None else match & rows[:, None])
     if t < n:  # no complete n-gram written yet
         return logits
     grams = written.unfold(1, n, 1)  # (R, t - n + 1, n): every n-gram written
     tail = written[:, t - n + 1:]  # (R, n - 1): what the next token would extend
     match = (grams[:, :, :-1] == tail[:, None]).all(dim=-1)  # (R, t - n + 1)
-    return _ban(logits, grams[:, :, -1], match)
+    return _ban(logits, grams[:, :, -1], match if rows is None else match & rows[:, None])
 
 
 def _ban(logits: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

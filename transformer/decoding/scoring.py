@@ -183,7 +183,7 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
 
 def _target_ids(tokenizer: Tokenizer, texts: list[str | list[str]], owner: list[int]) -> list[list[int]]:
     """The ids of each target part: a text encoded, pieces looked up (ValueError naming
-    the target of a piece not in the vocabulary)."""
+    the target of a piece not in the vocabulary, or of a control symbol)."""
     encoded = iter(tokenizer.encode([t for t in texts if isinstance(t, str)]) if texts else [])
     ids = []
     for i, t in zip(owner, texts, strict=True):

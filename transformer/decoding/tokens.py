@@ -58,11 +58,8 @@ def token_details(model, src: Sequence[list[int]], tgt: Sequence[list[int]], max
     Raises:
         ConfigError: attention asked of an export.
     """
+    check_attention(model, attention)
     if isinstance(model, CT2Model):
-        if attention:
-            raise ConfigError("return_attention=True: an exported model gives no attention "
-                              "here (CTranslate2's score_batch returns none); translate with "
-                              "the checkpoint for attention")
         return [TokenDetail(lp) for lp in model.log_probs(list(src), list(tgt), min_len)]
     found: list[TokenDetail] = [TokenDetail([]) for _ in src]
     lengths = [max(len(s), len(t) + 1, 1) for s, t in zip(src, tgt, strict=True)]
@@ -71,6 +68,13 @@ def token_details(model, src: Sequence[list[int]], tgt: Sequence[list[int]], max
                                             device, attention), strict=True):
             found[i] = detail
     return found
+
+
+def check_attention(model, attention: bool) -> None:
+    """ConfigError where attention is asked of an export (module docstring)."""
+    if attention and isinstance(model, CT2Model):
+        raise ConfigError("return_attention=True: an exported model gives no attention here "
+                          "(CTranslate2's score_batch returns none); use the checkpoint")
 
 
 def _forced(model, src: list[list[int]], tgt: list[list[int]], device: torch.device,

@@ -18,14 +18,14 @@ from typing import Any
 
 import torch
 
-from transformer.config import ConfigError, DecodeConfig
+from transformer.config import DecodeConfig
 from transformer.data.corpus import normalize
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import as_arguments
 from transformer.decoding.ct2_model import CT2Model
 from transformer.decoding.stream import input_ready, windows
 from transformer.decoding.text import Unit, _inference_mode, decode_settings, translate_nbest
-from transformer.decoding.tokens import line_details
+from transformer.decoding.tokens import check_attention, line_details
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,7 @@ def translate_batch(model, tokenizer: Tokenizer, batch: list[str], cfg: DecodeCo
     Raises:
         ConfigError: a bad setting or prefix (`translate_nbest`), attention of an export.
     """
-    if attention and isinstance(model, CT2Model):
-        raise ConfigError("return_attention=True: an exported model gives no attention here "
-                          "(CTranslate2's score_batch returns none); use the checkpoint")
+    check_attention(model, attention)
     units: list[Unit] | None = [] if scores else None
     found = translate_nbest(model, tokenizer, batch, cfg, device, first_line=first_line,
                             prefixes=prefixes, units=units)
@@ -92,7 +90,15 @@ def translate_windows(model, tokenizer: Tokenizer, lines: Iterable[str], cfg: De
                       around: Callable[[], contextlib.AbstractContextManager]) -> Iterator[Any]:
     """`translate_batch` a window at a time (`stream.windows`: `cfg.max_tokens` source
     tokens or lines, or what an interactive input has waiting), each inside `around()`;
-    errors name the Python keywords (`arguments.as_arguments`)."""
+    errors name the Python keywords (`arguments.as_arguments`). Attention of an export is
+    refused here, at the call; the windows are read lazily."""
+    check_attention(model, attention)
+    return _translate_windows(model, tokenizer, lines, cfg, device, nbest, scores, attention, around)
+
+
+def _translate_windows(model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig,
+                       device: torch.device, nbest: int | None, scores: bool, attention: bool,
+                       around: Callable[[], contextlib.AbstractContextManager]) -> Iterator[Any]:
     done = 0
     with as_arguments():
         for window in windows(lines, tokenizer, cfg.max_tokens, input_ready(lines)):

@@ -96,6 +96,7 @@ class Translator:
         device = torch.device(device)
         with as_arguments():
             positive("threads", threads, optional=True)
+            at_most_workers("threads", threads)
             settings = decode_config(DecodeConfig() if decode is None else decode, {})
             self.decode = decode_settings(settings, device, model)
         if not isinstance(model, CT2Model):
@@ -215,7 +216,7 @@ class Translator:
         keywords are `translate`'s (but `target_prefix`), checked at the call.
 
         Raises:
-            ConfigError: a bad setting, at the call (named by its keyword).
+            ConfigError: a bad setting (named by its keyword), attention of an export: at the call.
             TypeError: a str or bytes for lines, at the call; a line that is not a str,
                 when the iterator reaches it.
         """
