@@ -95,8 +95,7 @@ class Translator:
             device = model.device if isinstance(model, CT2Model) else next(model.parameters()).device
         device = torch.device(device)
         with as_arguments():
-            positive("threads", threads, optional=True)
-            at_most_workers("threads", threads)
+            _check_threads(threads)
             settings = decode_config(DecodeConfig() if decode is None else decode, {})
             self.decode = decode_settings(settings, device, model)
         if not isinstance(model, CT2Model):
@@ -277,6 +276,12 @@ class Translator:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
 
 
+def _check_threads(threads: int | None) -> None:
+    """None, or a whole number of threads from 1 to the CPU's cores (ConfigError naming it)."""
+    positive("threads", threads, optional=True)
+    at_most_workers("threads", threads)
+
+
 def _in_dtype(model: Transformer | CT2Model, cfg: DecodeConfig) -> Transformer | CT2Model:
     """The model to decode in cfg's precision: the shared one, which a call never changes
     (threads may share it), or a copy for this call where its weights are in another dtype."""
@@ -291,8 +296,7 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     if "nbest" in settings:
         raise ConfigError("nbest: give it to translate(), whose result it shapes")
     check_device("device", device)
-    positive("threads", threads, optional=True)
-    at_most_workers("threads", threads)
+    _check_threads(threads)
     decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
     if dtype not in PRECISIONS:
         raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(PRECISIONS)}")
