@@ -63,10 +63,11 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
-        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer,
-                                       self.scheduler, self.scaler, owned, dist_info.is_main)
-        self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
+        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer,
+                                       self.scheduler, self.scaler, owned, dist_info.is_main,
+                                       optim=cfg.optim, pad_to_multiple=self.pad_to)
+        self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
         self.sampler = TokenBatchSampler(
             *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
@@ -89,7 +90,7 @@ class Trainer:
         run_dir = Path(self.tc.run_dir)
         self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
         self.signals = StopSignal(run_dir / "checkpoints")
-        self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision)
+        self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision, model.cfg.vocab_size)
 
     @property
     def stop_signal(self) -> int | None:
@@ -112,7 +113,7 @@ class Trainer:
         """Train until max_steps (or max_epochs, max_hours, early stopping, SIGINT/SIGTERM)."""
         tc, s = self.tc, self.state
         first_step = s.step
-        self.update.start(s.step, peak=self.scheduler.base_lrs[0])  # a resumed run's: its checkpoint's
+        self.update.start(s.step, peak=self.scheduler.base_lrs[0])  # optim.lr, a resumed run's too
         self.logbook.open(s.step, tc.max_steps, show_bar=tc.progress and self.dist.is_main)
         self.signals.install()
         stream = Prefetcher(self._micro_batches(), self.cfg.data.prefetch_batches, pin=self.device.type == "cuda")
