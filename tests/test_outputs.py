@@ -269,6 +269,16 @@ def test_an_average_never_takes_the_name_of_a_checkpoint_mt_train_writes(home, m
     assert snapshot(home) == before
 
 
+@pytest.mark.parametrize("name", ["step_40.tmp-99999", "best.old-7", "step_50.old-12", "avg.tmp-3"])
+def test_an_average_never_takes_a_name_mt_train_tidies(home, monkeypatch, name):
+    """resume=auto deletes `NAME.tmp-N` as an unfinished write and restores `NAME.old-N` as
+    `NAME`: an average named so would be lost or taken for a step checkpoint."""
+    before = snapshot(home)
+    line = refused(monkeypatch, average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", f"{C}/{name}")
+    assert f"-o {C}/{name}: is named as an unfinished write" in line and "avg5" in line
+    assert snapshot(home) == before
+
+
 @pytest.mark.parametrize("case", INSIDE_A_RUN, ids=[c[-1] for c in INSIDE_A_RUN])
 def test_no_command_writes_inside_a_run(home, monkeypatch, case):
     """Only mt-average's checkpoint may join a run's checkpoints (`-o runs/x/checkpoints/avg`,
