@@ -201,6 +201,13 @@ class DataConfig:
         at_most_workers(f"{prefix}.num_proc", self.num_proc)
         positive(f"{prefix}.pad_to_multiple", self.pad_to_multiple, optional=True)
         _at_most(f"{prefix}.pad_to_multiple", self.pad_to_multiple or 1, MAX_PAD_TO_MULTIPLE)
+        if self.pad_to_multiple:  # the longest pair, with its target's BOS/EOS (batching.TGT_EXTRA), padded
+            multiple = self.pad_to_multiple
+            padded = -(-(self.max_len + 1) // multiple) * multiple
+            require(padded <= self.max_tokens, f"{prefix}.pad_to_multiple", multiple,
+                    f"pads the longest pair ({prefix}.max_len={self.max_len}, +1 for BOS/EOS) to {padded} "
+                    f"tokens, more than {prefix}.max_tokens={self.max_tokens}: lower it or raise "
+                    f"{prefix}.max_tokens")
         positive(f"{prefix}.prefetch_batches", self.prefetch_batches)
         _at_most(f"{prefix}.prefetch_batches", self.prefetch_batches, MAX_PREFETCH_BATCHES)
 
