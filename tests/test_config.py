@@ -22,6 +22,7 @@ from transformer.config import (
     ModelConfig,
     PhaseConfig,
     TrainConfig,
+    check_device,
     load_preset,
     to_dataclass,
 )
@@ -288,3 +289,17 @@ def test_pad_to_multiple_is_checked_against_the_longest_pair_it_pads(multiple, m
                                           rf"\(data.max_len=20, \+1 for BOS/EOS\) to {-(-21 // multiple) * multiple} "
                                           rf"tokens, more than data.max_tokens={max_tokens}"):
         cfg.validate()
+
+
+@pytest.mark.parametrize("key", ["trainer.device", "device"])
+def test_mps_where_there_is_none_is_refused_with_the_settings(key, monkeypatch):
+    """Every command checks `device` with its settings (check_device), before any work."""
+    import torch
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=rf"^{key}='mps': Apple's MPS is not available on this machine: "
+                                          rf"use {key}=cpu or {key}=auto$"):
+        check_device(key, "mps")
+    if key == "trainer.device":
+        with pytest.raises(ConfigError, match="Apple's MPS is not available"):
+            to_dataclass(TrainConfig, compose_cfg("debug=default", "data=sample", "trainer.device=mps"))

@@ -389,6 +389,11 @@ GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "optim": Op
 def check_device(key: str, device: str) -> None:
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device) is not None, key, device,
             "choose auto, cpu, cuda or cuda:N")
+    if device == "mps":
+        import torch  # only here: the settings themselves need no torch
+
+        require(torch.backends.mps.is_available(), key, device,
+                f"Apple's MPS is not available on this machine: use {key}=cpu or {key}=auto")
 
 
 T = TypeVar("T")

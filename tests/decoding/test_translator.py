@@ -506,3 +506,16 @@ def test_a_busy_machine_without_a_wait_policy_gets_a_warning(words, monkeypatch,
     with caplog.at_level(logging.WARNING):
         Translator.load(words, device="cpu", threads=2)
     assert "OMP_WAIT_POLICY" not in caplog.text
+
+
+@pytest.mark.parametrize("threads", ["2", 1.5, True])
+def test_threads_of_the_wrong_type_are_named_at_load(checkpoint, threads):
+    """"2" failed in a comparison inside, 1.5 at the first call (`set_num_threads`)."""
+    with pytest.raises(TypeError, match=rf"^threads={threads!r} is a {type(threads).__name__}, not an int"):
+        Translator.load(checkpoint, threads=threads)
+
+
+def test_an_unavailable_mps_is_one_line_at_load(checkpoint, monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^device='mps': Apple's MPS is not available on this machine"):
+        Translator.load(checkpoint, device="mps")
