@@ -22,6 +22,7 @@ import torch
 
 from transformer import Translation, Translator
 from transformer import device as device_module
+from transformer.bounds import MAX_BATCH_TOKENS
 from transformer.checkpoint import load_model, save_checkpoint
 from transformer.commands import translate
 from transformer.config import ConfigError, DecodeConfig
@@ -495,13 +496,18 @@ def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
     assert isinstance(found["best"][0], Translation) and len(top3) == 3
 
 
-def test_a_busy_machine_without_a_wait_policy_gets_a_warning(words, monkeypatch, caplog):
+def test_a_busy_machine_without_a_wait_policy_gets_a_warning_once(words, monkeypatch, caplog):
+    from transformer.decoding import translator as translator_module
+
+    monkeypatch.setattr(translator_module, "_warned_spinning", False)  # as in a fresh process
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with caplog.at_level(logging.WARNING):
         Translator.load(words, device="cpu", threads=2)
-    assert "set OMP_WAIT_POLICY=PASSIVE" in caplog.text
+        Translator.load(words, device="cpu", threads=2)  # the machine's state: said once a process
+    assert caplog.text.count("set OMP_WAIT_POLICY=PASSIVE") == 1
     caplog.clear()
+    monkeypatch.setattr(translator_module, "_warned_spinning", False)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # chosen: nothing to say
     with caplog.at_level(logging.WARNING):
         Translator.load(words, device="cpu", threads=2)
@@ -519,3 +525,21 @@ def test_an_unavailable_mps_is_one_line_at_load(checkpoint, monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"^device='mps': Apple's MPS is not available on this machine"):
         Translator.load(checkpoint, device="mps")
+
+
+def test_a_window_holds_a_bounded_number_of_lines_whatever_max_tokens(words):
+    """An endless input with the largest max_tokens: 118,160 lines were read in 25 s and
+    nothing came; the first result comes after at most WINDOW_LINES lines."""
+    from transformer.decoding.stream import WINDOW_LINES
+
+    translator = Translator.load(words, method="greedy", **SHORT)
+    pulled = []
+
+    def endless():
+        for line in itertools.cycle(["Ciao", "Sì"]):
+            pulled.append(line)
+            yield line
+
+    first = next(translator.translate_iterable(endless(), max_tokens=MAX_BATCH_TOKENS))
+    assert first == translator.translate(["Ciao"])[0]
+    assert len(pulled) <= WINDOW_LINES

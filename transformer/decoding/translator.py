@@ -302,6 +302,9 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     return model, tokenizer, where, torch_device, decode
 
 
+_warned_spinning = False
+
+
 def _warn_if_spinning(threads: int) -> None:
     """A warning where OpenMP's threads will spin against other work: a busy machine and
     no OMP_WAIT_POLICY (the mt-* commands set PASSIVE; a library leaves the process alone)."""
@@ -309,7 +312,9 @@ def _warn_if_spinning(threads: int) -> None:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
     except (OSError, AttributeError):  # no load average on this OS
         return
-    if threads > 1 and "OMP_WAIT_POLICY" not in os.environ and load > cores:
+    global _warned_spinning
+    if threads > 1 and "OMP_WAIT_POLICY" not in os.environ and load > cores and not _warned_spinning:
+        _warned_spinning = True  # once a process: the load is the machine's, not a Translator's
         log.warning("this machine is busy (load %.1f on %d cores) and OpenMP's threads spin "
                     "while they wait: set OMP_WAIT_POLICY=PASSIVE before importing torch "
                     "(greedy decoding ran 7x faster with it on a loaded 2-core CPU; "
