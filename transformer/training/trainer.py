@@ -198,7 +198,11 @@ class Trainer:
         self.guard.check_weights(self.model, self.state.step)
         s, stop = self.state, False
         if self.dist.is_main:
-            results = self.validate()
+            try:
+                results = self.validate()
+            except Exception:  # a failure in validation never loses the updates since the last save
+                self.save(f"step_{s.step}")
+                raise
             score = Validator.selection_score(results)
             if score > s.best_bleu:
                 s.best_bleu, s.bad_validations = score, 0
