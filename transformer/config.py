@@ -291,8 +291,10 @@ class TrainerConfig:
     # (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept.
     diverge_after: int = 5
     # CPU: free heap memory the process may keep before it is given back to the OS
-    # (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never
-    heap_slack_gb: float | None = 1.0
+    # (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never.
+    # 0.5: the Europarl recipe under 3 GB in bf16 at the same speed as 1.0 (docs/results.md,
+    # "Memory: the Europarl recipe's peak")
+    heap_slack_gb: float | None = 0.5
 
     def validate(self, prefix: str = "trainer") -> None:
         for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens",

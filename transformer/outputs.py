@@ -227,7 +227,7 @@ def _check_not_inside_a_run(out: Output) -> None:
             from transformer.checkpoint import LEFTOVER, STEP_DIR  # it imports this module's users
 
             name = out.path.name
-            if name == "best" or STEP_DIR.match(name):
+            if not out.path.exists() and (name == "best" or STEP_DIR.match(name)):  # an existing one: not ours
                 raise out.refuse(f"is the name of a checkpoint mt-train writes in {parent}: "
                                  "name the average otherwise (avg5)")
             if LEFTOVER.match(name):  # resume=auto deletes it, or restores it as `NAME`
