@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -41,6 +42,10 @@ from pathlib import Path
 from transformer.config import ConfigError
 from transformer.errors import writing
 
+# The names mt-train gives in a run's checkpoints folder: `step_N` (and `best`), and while
+# writing one, `NAME.tmp-PID` and `NAME.old-PID`, which a resume tidies (checkpoint.py)
+STEP_DIR = re.compile(r"^step_(\d+)$")
+LEFTOVER = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
 FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
 
@@ -224,8 +229,6 @@ def _check_not_inside_a_run(out: Output) -> None:
     for parent in target.parents:
         run = _run_directory(parent, strict=True)
         if run == "a run's checkpoints folder" and out.checkpoint and parent == target.parent:
-            from transformer.checkpoint import LEFTOVER, STEP_DIR  # it imports this module's users
-
             name = out.path.name
             if not out.path.exists() and (name == "best" or STEP_DIR.match(name)):  # an existing one: not ours
                 raise out.refuse(f"is the name of a checkpoint mt-train writes in {parent}: "

@@ -91,8 +91,7 @@ class Translator:
         if device is None:
             device = model.device if isinstance(model, CT2Model) else next(model.parameters()).device
         with as_arguments():
-            _check_threads_type(threads)
-            positive("threads", threads, optional=True)
+            _check_threads(threads)
             self.decode = decode_config(DecodeConfig() if decode is None else decode, {})
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, torch.device(device), path
         self.threads = None if isinstance(model, CT2Model) else threads
@@ -273,10 +272,11 @@ class Translator:
                 f"precision={self.decode.precision})")
 
 
-def _check_threads_type(threads: Any) -> None:
-    """`threads` is an int or None: "2" failed in a comparison, 1.5 at the first call."""
+def _check_threads(threads: Any) -> None:
+    """`threads` is None or an int >= 1: "2" failed in a comparison, 1.5 at the first call."""
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)):
         raise TypeError(f"threads={threads!r} is a {type(threads).__name__}, not an int (or None)")
+    positive("threads", threads, optional=True)
 
 
 def _open(path: str | Path, device: str, precision: str, threads: int | None,
@@ -286,8 +286,7 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     if "nbest" in settings:
         raise ConfigError("nbest: give it to translate(), whose result it shapes")
     check_device("device", device)
-    _check_threads_type(threads)
-    positive("threads", threads, optional=True)
+    _check_threads(threads)
     at_most_workers("threads", threads)
     decode = decode_config(DecodeConfig(), {**settings, "precision": precision})
     where = check_path(path)  # all of the above before any work

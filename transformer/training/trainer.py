@@ -64,9 +64,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
-        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer,
-                                       self.scheduler, self.scaler, owned, dist_info.is_main,
-                                       optim=cfg.optim, pad_to_multiple=self.pad_to)
+        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
+                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, pad_to_multiple=self.pad_to)
         self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
         self.sampler = TokenBatchSampler(
             *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
@@ -198,11 +197,8 @@ class Trainer:
         self.guard.check_weights(self.model, self.state.step)
         s, stop = self.state, False
         if self.dist.is_main:
-            try:
+            with saved_if_it_fails(self):
                 results = self.validate()
-            except Exception:  # a failure in validation never loses the updates since the last save
-                self.save(f"step_{s.step}")
-                raise
             score = Validator.selection_score(results)
             if score > s.best_bleu:
                 s.best_bleu, s.bad_validations = score, 0
@@ -248,3 +244,14 @@ class Trainer:
     def validate(self) -> dict[str, DevResult]:
         """Every dev set's scores (rank 0 only)."""
         return self.validator(self.model)
+
+
+@contextlib.contextmanager
+def saved_if_it_fails(trainer: Trainer):
+    """A failure inside (validation) never loses the updates since the last save: the step
+    checkpoint is written, then the error goes on."""
+    try:
+        yield
+    except Exception:
+        trainer.save(f"step_{trainer.state.step}")
+        raise
