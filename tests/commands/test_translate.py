@@ -8,6 +8,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -150,8 +151,16 @@ def test_an_input_file_that_is_not_a_regular_file_is_read_as_a_stream(checkpoint
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
     proc = subprocess.Popen([*cmd, f"input.file={fifo}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    with open(fifo, "wb") as f:  # blocks until mt-translate opens it
-        f.write(text)
+    while proc.poll() is None:  # until mt-translate opens it for reading (or ends without)
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        break
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert out.decode() == expected
