@@ -22,6 +22,7 @@ from transformer.config import (
     ModelConfig,
     PhaseConfig,
     TrainConfig,
+    check_device,
     load_preset,
     to_dataclass,
 )
@@ -274,3 +275,31 @@ def test_a_script_reads_a_preset_as_hydra_composes_it(group, path):
     schema = cli.SCHEMAS[group]
     assert to_dataclass(schema, load_preset(schema, path)) == \
         to_dataclass(schema, compose_cfg(f"{group}={path.stem}")[group])
+
+
+@pytest.mark.parametrize("multiple, max_tokens, ok", [(64, 21, False), (64, 64, True), (8, 24, True), (8, 23, False)])
+def test_pad_to_multiple_is_checked_against_the_longest_pair_it_pads(multiple, max_tokens, ok):
+    """max_len=20: the longest pair is 21 tokens with BOS/EOS, padded to 64 (or 24): the
+    batch budget must hold it, or training fails later in a traceback that blames max_len."""
+    cfg = DataConfig(max_len=20, max_tokens=max_tokens, pad_to_multiple=multiple)
+    if ok:
+        cfg.validate()
+        return
+    with pytest.raises(ConfigError, match=rf"data.pad_to_multiple={multiple}: pads the longest pair "
+                                          rf"\(data.max_len=20, \+1 for BOS/EOS\) to {-(-21 // multiple) * multiple} "
+                                          rf"tokens, more than data.max_tokens={max_tokens}"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("key", ["trainer.device", "device"])
+def test_mps_where_there_is_none_is_refused_with_the_settings(key, monkeypatch):
+    """Every command checks `device` with its settings (check_device), before any work."""
+    import torch
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=rf"^{key}='mps': Apple's MPS is not available on this machine: "
+                                          rf"use {key}=cpu or {key}=auto$"):
+        check_device(key, "mps")
+    if key == "trainer.device":
+        with pytest.raises(ConfigError, match="Apple's MPS is not available"):
+            to_dataclass(TrainConfig, compose_cfg("debug=default", "data=sample", "trainer.device=mps"))

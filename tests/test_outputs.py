@@ -10,6 +10,7 @@ file the user had is byte-identical.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -269,6 +270,16 @@ def test_an_average_never_takes_the_name_of_a_checkpoint_mt_train_writes(home, m
     assert snapshot(home) == before
 
 
+@pytest.mark.parametrize("name", ["step_40.tmp-99999", "best.old-7", "step_50.old-12", "avg.tmp-3"])
+def test_an_average_never_takes_a_name_mt_train_tidies(home, monkeypatch, name):
+    """resume=auto deletes `NAME.tmp-N` as an unfinished write and restores `NAME.old-N` as
+    `NAME`: an average named so would be lost or taken for a step checkpoint."""
+    before = snapshot(home)
+    line = refused(monkeypatch, average.main, "mt-average", f"{C}/step_10", f"{C}/step_20", "-o", f"{C}/{name}")
+    assert f"-o {C}/{name}: is named as an unfinished write" in line and "avg5" in line
+    assert snapshot(home) == before
+
+
 @pytest.mark.parametrize("case", INSIDE_A_RUN, ids=[c[-1] for c in INSIDE_A_RUN])
 def test_no_command_writes_inside_a_run(home, monkeypatch, case):
     """Only mt-average's checkpoint may join a run's checkpoints (`-o runs/x/checkpoints/avg`,
@@ -329,6 +340,21 @@ def test_mt_train_refuses_a_run_directory_that_is_not_one(home, monkeypatch, run
     assert why in line
     assert snapshot(home) == before
     assert {p.name for p in home.iterdir()} <= {"runs", "userdir", "notes.txt", "in.it", "EX"}  # nothing made
+
+
+def test_mt_train_refuses_a_run_directory_it_cannot_make_in_one_line(home, monkeypatch):
+    """A folder it may not write in, or a file system that makes nothing (/proc): Hydra's
+    mkdir ended in a traceback. (The test may run as root, who may write anywhere: the
+    permission is taken away from this process's view, `os.access`.)"""
+    (home / "locked").mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p).absolute() != home / "locked" and real(p, mode))
+    before = snapshot(home)
+    line = refused(monkeypatch, train.main, "mt-train", "debug=default", "data=sample", "trainer.run_dir=locked/run")
+    assert line == "mt-train: error: trainer.run_dir=locked/run: cannot be written: no permission to write in locked"
+    assert snapshot(home) == before
+    line = refused(monkeypatch, train.main, "mt-train", "debug=default", "data=sample", "trainer.run_dir=/proc/mt-run")
+    assert line.startswith("mt-train: error: trainer.run_dir=/proc/mt-run: cannot be made (")
 
 
 # --- the rule itself ------------------------------------------------------------------

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -36,13 +35,12 @@ from transformer.config import ModelConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import UserError, writing
 from transformer.model.transformer import Transformer, build_model
+from transformer.outputs import LEFTOVER, STEP_DIR  # the names of a run's checkpoints folder
 
 WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
     "model.safetensors", "model.json", "tokenizer.model", "config.yaml", "meta.json",
     "trainer_state.pt",
 )
-STEP_DIR = re.compile(r"^step_(\d+)$")
-LEFTOVER = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 
 log = logging.getLogger(__name__)
 

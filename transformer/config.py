@@ -207,6 +207,13 @@ class DataConfig:
         at_most_workers(f"{prefix}.num_proc", self.num_proc)
         positive(f"{prefix}.pad_to_multiple", self.pad_to_multiple, optional=True)
         _at_most(f"{prefix}.pad_to_multiple", self.pad_to_multiple or 1, MAX_PAD_TO_MULTIPLE)
+        if self.pad_to_multiple:  # the longest pair, with its target's BOS/EOS (batching.TGT_EXTRA), padded
+            multiple = self.pad_to_multiple
+            padded = -(-(self.max_len + 1) // multiple) * multiple
+            require(padded <= self.max_tokens, f"{prefix}.pad_to_multiple", multiple,
+                    f"pads the longest pair ({prefix}.max_len={self.max_len}, +1 for BOS/EOS) to {padded} "
+                    f"tokens, more than {prefix}.max_tokens={self.max_tokens}: lower it or raise "
+                    f"{prefix}.max_tokens")
         positive(f"{prefix}.prefetch_batches", self.prefetch_batches)
         _at_most(f"{prefix}.prefetch_batches", self.prefetch_batches, MAX_PREFETCH_BATCHES)
 
@@ -290,8 +297,10 @@ class TrainerConfig:
     # (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept.
     diverge_after: int = 5
     # CPU: free heap memory the process may keep before it is given back to the OS
-    # (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never
-    heap_slack_gb: float | None = 1.0
+    # (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never.
+    # 0.5: the Europarl recipe under 3 GB in bf16 at the same speed as 1.0 (docs/results.md,
+    # "Memory: the Europarl recipe's peak")
+    heap_slack_gb: float | None = 0.5
 
     def validate(self, prefix: str = "trainer") -> None:
         for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens",
@@ -399,6 +408,11 @@ GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "optim": Op
 def check_device(key: str, device: str) -> None:
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device) is not None, key, device,
             "choose auto, cpu, cuda or cuda:N")
+    if device == "mps":
+        import torch  # only here: the settings themselves need no torch
+
+        require(torch.backends.mps.is_available(), key, device,
+                f"Apple's MPS is not available on this machine: use {key}=cpu or {key}=auto")
 
 
 T = TypeVar("T")

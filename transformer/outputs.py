@@ -16,7 +16,8 @@ naming the key the user typed:
 - an output equal to, inside, or a parent of one of the command's inputs;
 - a run directory (`checkpoints/`, `train.log`, a `.lock`) or a run's checkpoints folder,
   or a path inside one (mt-train would refuse to resume a run holding files it did not
-  write), but for a checkpoint (mt-average's) put directly in a run's checkpoints folder;
+  write), but for a checkpoint (mt-average's) put directly in a run's checkpoints folder
+  under a name mt-train neither writes (`best`, `step_N`) nor tidies (`NAME.tmp-N`, `NAME.old-N`);
 - a path under a file, or under a folder that cannot be written.
 Then `write_dir` and `write_file` write to a temporary sibling (`NAME.tmp-PID`, a name
 nothing holds yet) that is renamed into place only when complete; an earlier output being
@@ -41,6 +42,10 @@ from pathlib import Path
 from transformer.config import ConfigError
 from transformer.errors import writing
 
+# The names mt-train gives in a run's checkpoints folder: `step_N` (and `best`), and while
+# writing one, `NAME.tmp-PID` and `NAME.old-PID`, which a resume tidies (checkpoint.py)
+STEP_DIR = re.compile(r"^step_(\d+)$")
+LEFTOVER = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
 FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
 
@@ -224,9 +229,13 @@ def _check_not_inside_a_run(out: Output) -> None:
     for parent in target.parents:
         run = _run_directory(parent, strict=True)
         if run == "a run's checkpoints folder" and out.checkpoint and parent == target.parent:
-            if not out.path.exists() and re.fullmatch(r"best|step_\d+", out.path.name):
+            name = out.path.name
+            if not out.path.exists() and (name == "best" or STEP_DIR.match(name)):  # an existing one: not ours
                 raise out.refuse(f"is the name of a checkpoint mt-train writes in {parent}: "
                                  "name the average otherwise (avg5)")
+            if LEFTOVER.match(name):  # resume=auto deletes it, or restores it as `NAME`
+                raise out.refuse(f"is named as an unfinished write (NAME.tmp-N, NAME.old-N), which "
+                                 f"mt-train tidies away in {parent}: name the average otherwise (avg5)")
             return  # a checkpoint among the run's checkpoints: mt-train leaves it alone
         if run is not None:
             raise out.refuse(f"is inside {parent}, {run}: never an output of {out.command}; "

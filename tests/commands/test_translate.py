@@ -8,6 +8,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -136,3 +137,34 @@ def test_a_file_streams_in_windows_with_its_line_numbers(checkpoint, tmp_path, m
     assert read_lines(out) == whole
     err = capfd.readouterr().err
     assert "longer than the model's limit of 32 tokens" in err and "(line 7)" in err
+
+
+def test_an_input_file_that_is_not_a_regular_file_is_read_as_a_stream(checkpoint, loaded, tmp_path):
+    """A FIFO, /dev/stdin, `<(...)` and /dev/null exist: they were refused as "corpus file
+    not found"; each is read once, as it comes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "transformer.commands.translate", f"checkpoint={checkpoint}",
+           "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=6"]
+    model, tokenizer = loaded
+    expected = "".join(f"{line}\n" for line in decoding.translate_lines(model, tokenizer, LINES, DecodeConfig(**FAST)))
+    text = "".join(f"{line}\n" for line in LINES).encode()
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([*cmd, f"input.file={fifo}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    while proc.poll() is None:  # until mt-translate opens it for reading (or ends without)
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode() == expected
+    piped = subprocess.run([*cmd, "input.file=/dev/stdin"], input=text, capture_output=True, env=env, timeout=120)
+    assert piped.returncode == 0 and piped.stdout.decode() == expected, piped.stderr.decode()
+    empty = subprocess.run([*cmd, "input.file=/dev/null"], capture_output=True, env=env, timeout=120)
+    assert empty.returncode == 0 and empty.stdout == b"", empty.stderr.decode()

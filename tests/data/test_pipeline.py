@@ -562,3 +562,19 @@ def test_relative_corpus_paths_resolve_against_the_working_directory(tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert missing.stderr.strip().splitlines()[-1] == (
         f"mt-prepare: error: corpus file not found: {tmp_path / 'nowhere.it'}")
+
+
+@pytest.mark.parametrize("shard", ["train/data.arrow", "dev/sample/data.arrow"])
+def test_a_changed_byte_in_a_cached_shard_is_found_when_the_cache_is_opened(tmp_path, shard) -> None:
+    """A zeroed region trained silently; a bad dev id died in validation, its updates lost:
+    each shard's SHA-256 in meta.json is checked when the cache is opened."""
+    cfg = make_cfg(tmp_path, name="sample")
+    path = prepare_data(cfg).path
+    assert set(json.loads((path / "meta.json").read_text())["sha256"]) == {"train/data.arrow", "dev/sample/data.arrow"}
+    data = bytearray((path / shard).read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(64)  # same size, same Arrow framing: only a checksum tells
+    (path / shard).write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"^corrupt prepared-data cache {path}: {shard} is not what was "
+                                        rf"written \(its SHA-256 differs from meta.json's\): delete {path}"):
+        prepare_data(cfg)

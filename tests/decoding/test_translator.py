@@ -22,6 +22,7 @@ import torch
 
 from transformer import Translation, Translator
 from transformer import device as device_module
+from transformer.bounds import MAX_BATCH_TOKENS
 from transformer.checkpoint import load_model, save_checkpoint
 from transformer.commands import translate
 from transformer.config import ConfigError, DecodeConfig
@@ -505,13 +506,18 @@ def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
     assert isinstance(found["best"][0], Translation) and len(top3) == 3
 
 
-def test_a_busy_machine_without_a_wait_policy_gets_a_warning(words, monkeypatch, caplog):
+def test_a_busy_machine_without_a_wait_policy_gets_a_warning_once(words, monkeypatch, caplog):
+    from transformer.decoding import translator as translator_module
+
+    monkeypatch.setattr(translator_module, "_warned_spinning", False)  # as in a fresh process
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with caplog.at_level(logging.WARNING):
         Translator.load(words, device="cpu", threads=2)
-    assert "set OMP_WAIT_POLICY=PASSIVE" in caplog.text
+        Translator.load(words, device="cpu", threads=2)  # the machine's state: said once a process
+    assert caplog.text.count("set OMP_WAIT_POLICY=PASSIVE") == 1
     caplog.clear()
+    monkeypatch.setattr(translator_module, "_warned_spinning", False)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # chosen: nothing to say
     with caplog.at_level(logging.WARNING):
         Translator.load(words, device="cpu", threads=2)
@@ -620,3 +626,34 @@ def test_load_for_inference_casts_the_weights_once(checkpoint):
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     model, _, _ = text_module.load_for_inference(str(checkpoint), "cpu")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("threads", ["2", 1.5, True])
+def test_threads_of_the_wrong_type_are_named_at_load(checkpoint, threads):
+    """"2" failed in a comparison inside, 1.5 at the first call (`set_num_threads`)."""
+    with pytest.raises(TypeError, match=rf"^threads={threads!r} is a {type(threads).__name__}, not an int"):
+        Translator.load(checkpoint, threads=threads)
+
+
+def test_an_unavailable_mps_is_one_line_at_load(checkpoint, monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^device='mps': Apple's MPS is not available on this machine"):
+        Translator.load(checkpoint, device="mps")
+
+
+def test_a_window_holds_a_bounded_number_of_lines_whatever_max_tokens(words):
+    """An endless input with the largest max_tokens: 118,160 lines were read in 25 s and
+    nothing came; the first result comes after at most WINDOW_LINES lines."""
+    from transformer.decoding.stream import WINDOW_LINES
+
+    translator = Translator.load(words, method="greedy", **SHORT)
+    pulled = []
+
+    def endless():
+        for line in itertools.cycle(["Ciao", "Sì"]):
+            pulled.append(line)
+            yield line
+
+    first = next(translator.translate_iterable(endless(), max_tokens=MAX_BATCH_TOKENS))
+    assert first == translator.translate(["Ciao"])[0]
+    assert len(pulled) <= WINDOW_LINES

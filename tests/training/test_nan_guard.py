@@ -87,6 +87,29 @@ def test_a_run_that_diverges_later_keeps_its_last_good_checkpoint(tmp_path, monk
     assert trainer.state.step == 12
 
 
+def test_the_advice_of_the_divergence_message_followed_literally_recovers(tmp_path):
+    """At lr 50 the loss explodes (1e4 and more, still finite): the run stops before its
+    first checkpoint, and `trainer.resume=auto` with a lower `optim.lr`, as the message and
+    docs/errors.md say, completes (a checkpoint of exploded weights diverged again)."""
+    with pytest.raises(TrainingDiverged) as e:
+        run(tmp_path / "run", "optim.lr=50", "trainer.max_steps=30")
+    assert "the loss is" in str(e.value) and "times a uniform guess's (ln 300" in str(e.value)
+    assert "lower optim.lr (now 50)" in str(e.value) and "no checkpoint was written" in str(e.value)
+    trainer = run(tmp_path / "run", "optim.lr=1e-3", "trainer.max_steps=30", "trainer.resume=auto")
+    assert trainer.state.step == 30 and trainer.state.skipped_steps == 0
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path / "run")][-1] == "step_30"
+
+
+def test_a_resume_from_a_good_checkpoint_with_a_lower_lr_applies_it(tmp_path):
+    """A run diverging after a good checkpoint: resumed with a lower lr, it continues from
+    that checkpoint on the new schedule (the restored schedule kept the diverging lr)."""
+    run(tmp_path / "run", "trainer.max_steps=10")
+    with pytest.raises(TrainingDiverged, match=r"lower optim.lr \(now 1e\+10\).*step_10, is kept"):
+        run(tmp_path / "run", "optim.lr=1e10", "trainer.max_steps=30", "trainer.resume=auto")
+    trainer = run(tmp_path / "run", "optim.lr=1e-3", "trainer.max_steps=30", "trainer.resume=auto")
+    assert trainer.state.step == 30 and trainer.update.peak == 1e-3
+
+
 def test_weights_that_turn_nonfinite_are_neither_validated_nor_saved(tmp_path, monkeypatch):
     """An applied update can leave inf weights (an infinite step): the save refuses them."""
     poison_weights_after(monkeypatch, 10)  # update 10 is a validation and a save

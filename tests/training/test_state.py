@@ -14,11 +14,12 @@ import random
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from transformer import checkpoint as ckpt
 from transformer.config import ModelConfig, OptimConfig, TrainerConfig
 from transformer.model.transformer import build_model
-from transformer.training.optimizer import build_optimizer, build_scheduler
+from transformer.training.optimizer import build_optimizer, build_scheduler, inverse_sqrt_lr
 from transformer.training.run_dir import RunDirError
 from transformer.training.state import Checkpoints, TrainState
 
@@ -58,8 +59,9 @@ def test_the_trainer_state_loads_with_weights_only_and_keeps_its_keys(tmp_path):
     path = c.save("step_1", state)
     with open(path / "trainer_state.pt", "rb") as f:
         saved = torch.load(f, weights_only=True)  # no pickled classes: plain containers and tensors
-    # The keys a checkpoint written before this module existed has, and a resume reads.
-    assert set(saved) == {"optimizer", "scheduler", "scaler", "rng", "train_state"}
+    # The keys a checkpoint written before this module existed has, and a resume reads, and
+    # what a resume compares (older checkpoints lack them: `load` does without)
+    assert set(saved) == {"optimizer", "scheduler", "scaler", "rng", "train_state", "schedule", "batching"}
     assert saved["train_state"] == dataclasses.asdict(state)
     assert set(saved["train_state"]) == {f.name for f in dataclasses.fields(TrainState)}
     meta = ckpt.load_meta(path)
@@ -142,3 +144,41 @@ def test_resuming_with_a_different_vocabulary_is_a_clear_error(tmp_path):
     run(tmp_path / "run", "trainer.max_steps=2")
     with pytest.raises(RunDirError, match="tokenizer differs"):
         run(tmp_path / "run", "trainer.max_steps=4", "trainer.resume=auto", "data.spm_vocab_size=250")
+
+
+def test_a_resume_with_a_new_schedule_applies_it_from_the_resumed_step_and_says_so(tmp_path):
+    """`optim.lr` and `optim.warmup_steps` given on resume are the schedule from the resumed
+    step on: the host's record (LambdaLR), the update's device-side lr and what is saved
+    all follow them, and one line names the old and new values."""
+    common = ["trainer.val_every=100", "trainer.resume=auto"]
+    first = run(tmp_path / "run", *common, "trainer.max_steps=3")
+    peak, warmup = first.cfg.optim.lr, first.cfg.optim.warmup_steps
+    resumed = run(tmp_path / "run", *common, "trainer.max_steps=5", f"optim.lr={peak / 2}",
+                  f"optim.warmup_steps={warmup * 2}")
+    assert resumed.scheduler.base_lrs[0] == resumed.update.peak == peak / 2
+    last = inverse_sqrt_lr(5, peak / 2, warmup * 2)  # the 5th update's lr
+    if resumed.update.on_device:  # the fused kernel's: what the 5th update applied
+        assert float(resumed.update.lr) == pytest.approx(last, rel=1e-6)
+    assert resumed.scheduler.get_last_lr()[0] == pytest.approx(inverse_sqrt_lr(6, peak / 2, warmup * 2))
+    log = tmp_path / "run" / "train.log"
+    lines = [line for line in log.read_text().splitlines() if "new schedule" in line]
+    assert len(lines) == 1
+    assert f"optim.lr {peak:g} -> {peak / 2:g}" in lines[0]
+    assert f"optim.warmup_steps {warmup} -> {warmup * 2}" in lines[0]
+    step_5 = tmp_path / "run" / "checkpoints" / "step_5"
+    saved = ckpt.load_trainer_state(step_5)
+    assert saved["schedule"] == {"lr": peak / 2, "warmup_steps": warmup * 2}
+    assert saved["scheduler"]["base_lrs"] == [peak / 2]
+    for config in (tmp_path / "run" / "config.yaml", step_5 / "config.yaml"):
+        optim = OmegaConf.load(config).optim
+        assert (optim.lr, optim.warmup_steps) == (peak / 2, warmup * 2)
+    run(tmp_path / "run", *common, "trainer.max_steps=6", f"optim.lr={peak / 2}", f"optim.warmup_steps={warmup * 2}")
+    assert log.read_text().count("new schedule") == 1  # resumed again unchanged: no second line
+
+
+def test_a_resume_that_would_batch_otherwise_is_refused(tmp_path):
+    run(tmp_path / "run", "trainer.max_steps=3", "trainer.val_every=100")
+    with pytest.raises(RunDirError, match=r"padded batches to a multiple of 1, data.pad_to_multiple "
+                                          r"resolves to 8 here.*set data.pad_to_multiple=1"):
+        run(tmp_path / "run", "trainer.max_steps=5", "trainer.resume=auto", "data.pad_to_multiple=8")
+    assert ckpt.load_trainer_state(tmp_path / "run" / "checkpoints" / "step_3")["train_state"]["step"] == 3

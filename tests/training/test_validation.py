@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from transformer.training.validation import bleu_sample
+from transformer import checkpoint as ckpt
+from transformer.training.validation import Validator, bleu_sample
+
+from helpers import run
 
 
 def test_validation_bleu_sample_spans_the_whole_dev_set():
@@ -17,3 +20,16 @@ def test_validation_bleu_sample_spans_the_whole_dev_set():
     assert bleu_sample(30, None) == list(range(30)) == bleu_sample(30, 100)
     with pytest.raises(ValueError, match="val_bleu_sentences"):
         bleu_sample(30, 0)
+
+
+def test_a_failure_in_validation_keeps_the_updates_before_it(tmp_path, monkeypatch):
+    """A bad dev shard ended the run in validation and no checkpoint held its updates."""
+    def broken(self, model):
+        raise RuntimeError("src_ids holds ids outside the vocabulary")
+
+    monkeypatch.setattr(Validator, "__call__", broken)
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        run(tmp_path / "run", "trainer.max_steps=20", "trainer.val_every=10")
+    saved = ckpt.step_checkpoints(tmp_path / "run")
+    assert [p.name for p in saved] == ["step_10"]
+    assert ckpt.load_trainer_state(saved[0])["train_state"]["step"] == 10

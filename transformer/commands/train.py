@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -222,6 +223,12 @@ def _exit_unless_makeable(path: Path) -> None:
         sys.exit(f"mt-train: error: trainer.run_dir={path}: exists and is not a directory")
     if not where.is_dir():
         sys.exit(f"mt-train: error: trainer.run_dir={path}: cannot be made: {where} is a file")
+    if not os.access(where, os.W_OK | os.X_OK):
+        sys.exit(f"mt-train: error: trainer.run_dir={path}: cannot be written: no permission to write in {where}")
+    try:  # what else stops Hydra's mkdir (a read-only or virtual file system, a full disk)
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"mt-train: error: trainer.run_dir={path}: cannot be made ({e.strerror or e})")
 
 
 @hydra.main(config_path=cli.CONFIG_PATH, config_name="train", version_base="1.3")

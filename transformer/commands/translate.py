@@ -17,7 +17,8 @@ from an interactive stdin each line is translated as soon as nothing more is wai
 `output=FILE` is checked before the model is loaded (`transformer/outputs.py`): a file
 that exists is replaced only with force=true and only if mt-translate wrote it, never the
 input itself; missing folders are made. The file is written whole or not at all. An
-input file is read through once for bad bytes before the model is loaded.
+input file is read through once for bad bytes before the model is loaded; one that is not
+a regular file (a FIFO, `/dev/stdin`, `<(...)`, `/dev/null`) is read once, as a stream.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -94,6 +96,13 @@ def read_input(cfg: InputConfig) -> tuple[Iterable[str], Callable[[], bool] | No
     once first, so that a bad byte ends the command before the model is loaded."""
     if cfg.text is not None:
         return cfg.text.split("\n"), None
+    if cfg.file is not None and not Path(cfg.file).expanduser().is_file():
+        # a FIFO, /dev/stdin, <(...), /dev/null: it can be read once, as it comes, as stdin is
+        try:
+            stream = Path(cfg.file).expanduser().open("rb")
+        except OSError as e:
+            raise ConfigError(f"input.file={cfg.file}: cannot be read ({e.strerror or e})") from e
+        return iter_decoded(stream, cfg.file), None
     if cfg.file is not None:
         for _ in iter_lines(cfg.file):  # DataError naming file:line
             pass
@@ -154,7 +163,7 @@ def translate(cfg: TranslateConfig) -> None:
     if cfg.output is None and sys.stdout is None:  # started with stdout closed (>&-)
         raise ConfigError("stdout is closed: add output=FILE")
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
-    progress = cfg.progress and cfg.input.file is not None
+    progress = cfg.progress and cfg.input.file is not None and Path(cfg.input.file).expanduser().is_file()
     start, counts = time.perf_counter(), {"lines": 0, "sentences": 0}
     found = iter_nbest(model, tokenizer, lines, cfg.decode, device, ready=ready,
                        progress=progress, counts=counts, prefixes=prefixes)

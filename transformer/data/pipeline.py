@@ -209,7 +209,8 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
             (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
             meta = {"tokenizer": spm_path.name, "settings": _settings(cfg), "corpora": list(sizes),
                     "sizes": list(sizes.values()),
-                    "weights": [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None}
+                    "weights": [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None,
+                    "sha256": {shard: _sha256(tmp / shard) for shard in _shards(list(sizes))}}
             (tmp / "meta.json").write_text(json.dumps(meta))
             if final.exists() and not (final / "meta.json").exists():
                 shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
@@ -374,12 +375,24 @@ def _content_key(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]]) -> 
     return hashlib.sha256(json.dumps([_settings(cfg, location=False), digests]).encode()).hexdigest()[:16]
 
 
+def _shards(names: list[str]) -> list[str]:
+    """The cache's Arrow files, relative to its folder."""
+    return [f"train/{ARROW}", *(f"dev/{name}/{ARROW}" for name in names)]
+
+
+def _sha256(path: Path) -> str:
+    """A shard's SHA-256 (its cost on the Europarl recipe's cache: docs/results.md)."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
     """The cached data of `key`, or None if there is none. A damaged cache is an error
     that names the file and how to rebuild it.
 
     Layout: `train/data.arrow` (every corpus's pairs, in the order of `meta.json`'s
-    `corpora`), `dev/<corpus>/data.arrow`, `meta.json`, `stats.json`.
+    `corpora`), `dev/<corpus>/data.arrow`, `meta.json` (with each shard's SHA-256, checked
+    here: a changed byte is found before training, not as a traceback in it), `stats.json`.
     """
     path = project_path(cfg.cache_dir) / f"prepared-{key}"
     meta_file = path / "meta.json"
@@ -406,6 +419,10 @@ def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
     if len(train) != sum(sizes):
         raise DataError(f"corrupt prepared-data cache {path} ({len(train)} training pairs, "
                         f"meta.json says {sum(sizes)}): {rebuild}")
+    for shard, digest in (meta.get("sha256") or {}).items():  # a cache written before checksums has none
+        if _sha256(path / shard) != digest:
+            raise DataError(f"corrupt prepared-data cache {path}: {shard} is not what was written "
+                            f"(its SHA-256 differs from meta.json's): {rebuild}")
     stats_file = path / "stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
     return PreparedData(tokenizer, train, devs, dict(zip(names, sizes, strict=True)),

@@ -60,7 +60,7 @@ __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "
 # every step: dropping finished rows at once is what pays there. On a GPU a read stops the
 # host until the device has caught up; reading every few steps lets it queue the next
 # steps' kernels meanwhile, at the price of done rows decoding a few steps longer.
-# The CUDA value is a first guess, to be measured (scripts/gpu_check.py, decode step).
+# The CUDA value is a first guess, to be measured (scripts/gpu/gpu_check.py, decode step).
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
 # None: the decoder step runs eagerly. Else the keyword arguments of `torch.compile` for

@@ -7,7 +7,7 @@
 held) before its first line is translated. `iter_nbest` reads lines into a window until
 it holds one decoding batch's worth of source tokens (decode.max_tokens: 2,000 on a CPU; on
 CUDA 8,000 doubled while half the free memory holds the worst batch, at most 64,000; at
-most that many lines, however short), translates the window with
+most that many lines, however short, and at most WINDOW_LINES), translates the window with
 `translate_nbest` (which sorts its sentences by length and batches them, as for a whole
 file), and yields the window's n-best lists in input order before it reads on. Memory
 is bounded by the window, whatever the input's length.
@@ -59,10 +59,16 @@ def input_ready(source: object) -> Callable[[], bool] | None:
     return ready
 
 
+# At most this many lines a window, whatever max_tokens allows (131,072 tokens of short
+# lines was 118,160 lines read, and nothing yielded, from an endless input): the first
+# results come after a bounded read, and a window still fills several decoding batches.
+WINDOW_LINES = 1024
+
+
 def windows(lines: Iterable[str], tokenizer: Tokenizer, max_tokens: int,
             ready: Callable[[], bool] | None = None) -> Iterator[list[str]]:
     """Consecutive runs of `lines`, each closed once it holds `max_tokens` source tokens
-    or lines, or (with `ready`) when no further line is waiting.
+    or lines, WINDOW_LINES lines, or (with `ready`) when no further line is waiting.
 
     Raises:
         TypeError: a line that is not a str (named by its index: `lines[3]`).
@@ -74,7 +80,7 @@ def windows(lines: Iterable[str], tokenizer: Tokenizer, max_tokens: int,
             raise TypeError(f"lines[{n - 1}] is a {type(line).__name__}, not a str")
         window.append(line)
         tokens += len(tokenizer.encode([normalize(line)])[0])
-        if tokens >= max_tokens or len(window) >= max_tokens or (ready is not None and not ready()):
+        if tokens >= max_tokens or len(window) >= min(max_tokens, WINDOW_LINES) or (ready is not None and not ready()):
             yield window
             window, tokens = [], 0
     if window:

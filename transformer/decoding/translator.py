@@ -276,16 +276,19 @@ class Translator:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
 
 
-def _check_threads(threads: int | None) -> None:
-    """None, or a whole number of threads from 1 to the CPU's cores (ConfigError naming it)."""
-    positive("threads", threads, optional=True)
-    at_most_workers("threads", threads)
-
-
 def _in_dtype(model: Transformer | CT2Model, cfg: DecodeConfig) -> Transformer | CT2Model:
     """The model to decode in cfg's precision: the shared one, which a call never changes
     (threads may share it), or a copy for this call where its weights are in another dtype."""
     return model if isinstance(model, CT2Model) else copied_in(model, DTYPES[cfg.precision])
+
+
+def _check_threads(threads: Any) -> None:
+    """None, or an int from 1 to the CPU's cores: a TypeError naming any other type ("2"
+    failed in a comparison, 1.5 at the first call), else a ConfigError naming the bound."""
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)):
+        raise TypeError(f"threads={threads!r} is a {type(threads).__name__}, not an int (or None)")
+    positive("threads", threads, optional=True)
+    at_most_workers("threads", threads)
 
 
 def _open(path: str | Path, device: str, precision: str, threads: int | None,
@@ -318,6 +321,9 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     return model, tokenizer, where, torch_device, decode
 
 
+_warned_spinning = False
+
+
 def _warn_if_spinning(threads: int) -> None:
     """A warning where OpenMP's threads will spin against other work: a busy machine and
     no OMP_WAIT_POLICY (the mt-* commands set PASSIVE; a library leaves the process alone)."""
@@ -325,7 +331,9 @@ def _warn_if_spinning(threads: int) -> None:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
     except (OSError, AttributeError):  # no load average on this OS
         return
-    if threads > 1 and "OMP_WAIT_POLICY" not in os.environ and load > cores:
+    global _warned_spinning
+    if threads > 1 and "OMP_WAIT_POLICY" not in os.environ and load > cores and not _warned_spinning:
+        _warned_spinning = True  # once a process: the load is the machine's, not a Translator's
         log.warning("this machine is busy (load %.1f on %d cores) and OpenMP's threads spin "
                     "while they wait: set OMP_WAIT_POLICY=PASSIVE before importing torch "
                     "(greedy decoding ran 7x faster with it on a loaded 2-core CPU; "

@@ -26,6 +26,11 @@ from transformer.errors import UserError
 # how GradScaler finds its range. Below this scale (fairseq's --min-loss-scale), the
 # gradients overflow without any scaling: those skips count as divergence.
 FP16_MIN_SCALE = 1e-4
+# A mean loss per token above this many times a uniform guess's (ln V, where a fresh model
+# starts) is a run that has exploded while still finite (lr 50: losses of 1e4 to 1e11):
+# no lower lr brings such weights back, so they must not become the checkpoint a resume
+# continues from.
+EXPLODED = 3.0
 
 
 class TrainingDiverged(UserError, RuntimeError):
@@ -48,8 +53,10 @@ class DivergenceGuard:
     `trainer.log_every` skipped updates, none of them applied.
     """
 
-    def __init__(self, limit: int, optim: OptimConfig, precision: str) -> None:
+    def __init__(self, limit: int, optim: OptimConfig, precision: str, vocab_size: int | None = None) -> None:
         self.limit, self.optim, self.precision = limit, optim, precision
+        self.max_loss = EXPLODED * math.log(vocab_size) if vocab_size and vocab_size > 1 else math.inf
+        self.vocab_size = vocab_size
 
     def counts(self, applied: torch.Tensor, loss_scale: torch.Tensor | None) -> torch.Tensor:
         """Whether an update counts toward divergence (a device bool): it was skipped and,
@@ -63,7 +70,13 @@ class DivergenceGuard:
     def check(self, step: int, reading: dict[str, float]) -> None:
         """After a read of the trainer's meter: `step` is the number of updates applied,
         `reading` the meter's (`worst_streak`, the last skipped update's `bad_loss` and
-        `bad_grad_norm`)."""
+        `bad_grad_norm`; `loss_sum` and `tokens` of the finite losses since the last read)."""
+        mean_loss = reading["loss_sum"] / reading["tokens"] if reading["tokens"] else 0.0
+        if mean_loss > self.max_loss:
+            raise TrainingDiverged(
+                f"training diverged by update {step}: the loss is {mean_loss:.4g} per token, over "
+                f"{EXPLODED:g} times a uniform guess's (ln {self.vocab_size} = "
+                f"{math.log(self.vocab_size):.2f}); {self.advice()}")
         in_a_row = int(reading["worst_streak"])
         if in_a_row >= self.limit:
             loss, norm = reading["bad_loss"], reading["bad_grad_norm"]

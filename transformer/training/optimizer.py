@@ -101,8 +101,8 @@ class Update:
 
     def start(self, applied: int, peak: float | None = None) -> None:
         """The count of updates applied so far (a new or resumed run's `TrainState.step`),
-        and the peak lr (the schedule's `base_lrs`: a resumed run keeps its checkpoint's, as
-        LambdaLR's state restores it, whatever `optim.lr` says now)."""
+        and the peak lr (the schedule's `base_lrs`: `optim.lr`, which a resume puts in place
+        of the checkpoint's, `Checkpoints.load`)."""
         if peak is not None:
             self.peak = peak
         self.applied.fill_(applied)

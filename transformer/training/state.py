@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from transformer import checkpoint as ckpt
-from transformer.config import TrainerConfig
+from transformer.config import OptimConfig, TrainerConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.model.transformer import Transformer
 from transformer.training.distributed import rng_state, set_rng_state
+from transformer.training.optimizer import inverse_sqrt_lr, schedule_at
 from transformer.training.run_dir import RunDirError
 
 log = logging.getLogger(__name__)
@@ -42,16 +43,20 @@ class Checkpoints:
 
     `owned` names the checkpoints of this run already in its directory (a resumed run's):
     only those and the ones written here are replaced or pruned. Only rank 0 writes.
+    `optim` is the schedule in effect now (a resume applies it from the resumed step) and
+    `pad_to_multiple` the batching's resolved padding (a resume must batch as its run did).
     """
 
     def __init__(self, tc: TrainerConfig, run_config_yaml: str, model: Transformer, tokenizer: Tokenizer,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-                 scaler: torch.amp.GradScaler, owned: set[str] | None = None, is_main: bool = True) -> None:
+                 scaler: torch.amp.GradScaler, owned: set[str] | None = None, is_main: bool = True,
+                 optim: OptimConfig | None = None, pad_to_multiple: int = 1) -> None:
         self.run_dir, self.keep_last, self.init_from = Path(tc.run_dir), tc.keep_last, tc.init_from
         self.run_config_yaml, self.model, self.tokenizer = run_config_yaml, model, tokenizer
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.owned = set(owned or ())
         self.is_main = is_main
+        self.optim, self.pad_to_multiple = optim or OptimConfig(), pad_to_multiple
 
     def trainer_state(self, state: TrainState) -> dict[str, Any]:
         """What `trainer_state.pt` holds: tensors and plain containers only, so that it
@@ -70,6 +75,9 @@ class Checkpoints:
             "scaler": self.scaler.state_dict(),
             "rng": rng_state(),
             "train_state": asdict(state),
+            # what a resume compares with its own settings (`load`)
+            "schedule": {"lr": self.optim.lr, "warmup_steps": self.optim.warmup_steps},
+            "batching": {"pad_to_multiple": self.pad_to_multiple},
         }
 
     def save(self, name: str, state: TrainState, with_state: bool = True) -> Path | None:
@@ -118,7 +126,7 @@ class Checkpoints:
 
         Raises:
             CheckpointError: a file of the checkpoint is missing or unreadable.
-            RunDirError: its tokenizer is not this run's.
+            RunDirError: its tokenizer is not this run's, or its run batched otherwise.
         """
         weights, tokenizer = ckpt.load_model(path, device)
         saved = ckpt.load_trainer_state(path)
@@ -127,6 +135,13 @@ class Checkpoints:
                 f"cannot resume from {path}: its tokenizer differs from the one prepared for "
                 f"this run's data (the corpus or data.* settings changed); start a new "
                 f"trainer.run_dir or set trainer.resume=never")
+        padded = saved.get("batching", {}).get("pad_to_multiple", self.pad_to_multiple)
+        if padded != self.pad_to_multiple:
+            raise RunDirError(
+                f"cannot resume from {path}: its run padded batches to a multiple of {padded}, "
+                f"data.pad_to_multiple resolves to {self.pad_to_multiple} here, and its data "
+                f"position counts batches; set data.pad_to_multiple={padded}, or start a new "
+                f"trainer.run_dir")
         self.model.load_state_dict(weights.state_dict())
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -135,7 +150,25 @@ class Checkpoints:
         state = TrainState(**saved["train_state"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step,
                  state.epoch, state.batch_index)
+        self._apply_schedule(saved, state.step)
         return state
+
+    def _apply_schedule(self, saved: dict[str, Any], step: int) -> None:
+        """The schedule in effect now (`optim.lr`, `optim.warmup_steps`) from update `step`
+        on, whatever the checkpoint's: LambdaLR's restored `base_lrs` and the optimizer's
+        `initial_lr` are the checkpoint's peak. A change is logged, old and new."""
+        old = saved.get("schedule") or {"lr": saved["scheduler"]["base_lrs"][0], "warmup_steps": None}
+        new = {"lr": self.optim.lr, "warmup_steps": self.optim.warmup_steps}
+        lr_before = self.scheduler.get_last_lr()[0]
+        self.scheduler.base_lrs = [self.optim.lr] * len(self.scheduler.base_lrs)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = self.optim.lr
+        schedule_at(self.scheduler, step)
+        changed = [f"optim.{k} {old[k]:g} -> {new[k]:g}" for k in new if old[k] is not None and old[k] != new[k]]
+        if changed:
+            log.info("resumed with a new schedule: %s (the run's config.yaml and its next checkpoints "
+                     "record it); the lr at update %d is %.3g (was %.3g)", ", ".join(changed), step + 1,
+                     inverse_sqrt_lr(step + 1, self.optim.lr, self.optim.warmup_steps), lr_before)
 
     def resume(self, candidates: list[Path], device: torch.device) -> tuple[Path, TrainState] | None:
         """Continue from the first readable of `candidates` (newest first).

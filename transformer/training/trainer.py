@@ -63,10 +63,10 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
-        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer,
-                                       self.scheduler, self.scaler, owned, dist_info.is_main)
-        self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
+        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
+                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, pad_to_multiple=self.pad_to)
+        self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
         self.sampler = TokenBatchSampler(
             *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
@@ -89,7 +89,7 @@ class Trainer:
         run_dir = Path(self.tc.run_dir)
         self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
         self.signals = StopSignal(run_dir / "checkpoints")
-        self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision)
+        self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision, model.cfg.vocab_size)
 
     @property
     def stop_signal(self) -> int | None:
@@ -112,7 +112,7 @@ class Trainer:
         """Train until max_steps (or max_epochs, max_hours, early stopping, SIGINT/SIGTERM)."""
         tc, s = self.tc, self.state
         first_step = s.step
-        self.update.start(s.step, peak=self.scheduler.base_lrs[0])  # a resumed run's: its checkpoint's
+        self.update.start(s.step, peak=self.scheduler.base_lrs[0])  # optim.lr, a resumed run's too
         self.logbook.open(s.step, tc.max_steps, show_bar=tc.progress and self.dist.is_main)
         self.signals.install()
         stream = Prefetcher(self._micro_batches(), self.cfg.data.prefetch_batches, pin=self.device.type == "cuda")
@@ -197,7 +197,8 @@ class Trainer:
         self.guard.check_weights(self.model, self.state.step)
         s, stop = self.state, False
         if self.dist.is_main:
-            results = self.validate()
+            with saved_if_it_fails(self):
+                results = self.validate()
             score = Validator.selection_score(results)
             if score > s.best_bleu:
                 s.best_bleu, s.bad_validations = score, 0
@@ -243,3 +244,14 @@ class Trainer:
     def validate(self) -> dict[str, DevResult]:
         """Every dev set's scores (rank 0 only)."""
         return self.validator(self.model)
+
+
+@contextlib.contextmanager
+def saved_if_it_fails(trainer: Trainer):
+    """A failure inside (validation) never loses the updates since the last save: the step
+    checkpoint is written, then the error goes on."""
+    try:
+        yield
+    except Exception:
+        trainer.save(f"step_{trainer.state.step}")
+        raise
