@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from transformer.config import ModelConfig
-from transformer.model.attention import autocast_input
+from transformer.model.attention import autocast_input, key_bias
 from transformer.model.dropout import Dropout
 from transformer.model.layers import DecoderLayer, EncoderLayer, LayerCache, sinusoid_table
 from transformer.model.masks import src_key_mask, tgt_self_mask
@@ -145,8 +145,8 @@ class Transformer(nn.Module):
                 vocabulary, or exceed max_positions.
         """
         self._check_ids(src_ids, "src_ids")
-        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src_ids, "src_ids")
+        src_mask = self._src_bias(src_ids, x)  # (B, 1, 1, S), once for every layer
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
         return self.encoder_norm(x)
@@ -219,6 +219,11 @@ class Transformer(nn.Module):
             states = states.flatten(0, 1).index_select(0, predict_index)  # (N, D)
         return self.out_proj(states)
 
+    def _src_bias(self, src_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The source's key padding as `attention.key_bias` (B, 1, 1, S), in the dtype of
+        the attention scores (x's, or autocast's)."""
+        return key_bias(src_key_mask(src_ids, self.cfg.pad_id), _compute_dtype(x))
+
     def _decoder_states(
         self,
         tgt_in_ids: torch.Tensor,
@@ -239,14 +244,23 @@ class Transformer(nn.Module):
             if cache.tgt_ids is not None:
                 all_ids = torch.cat([cache.tgt_ids, tgt_in_ids], dim=1)
             cache.tgt_ids = all_ids
-        tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
-        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         memory = autocast_input(memory)  # once, not in every layer's k and v projections
         x = self._embed(self.tgt_embed, tgt_in_ids, "tgt_in_ids", offset)
+        tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
+        if cache is None:  # the source's key padding once for every layer
+            src_mask = self._src_bias(src_ids, x)
+        else:
+            src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
             x = layer(x, memory, tgt_mask, src_mask, layer_cache)
         return self.decoder_norm(x)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention scores take: autocast's where it is on, else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
