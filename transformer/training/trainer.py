@@ -27,14 +27,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
-from transformer.data.batching import Batch, TokenBatchSampler, token_lengths
+from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 from transformer.data.pipeline import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
 from transformer.training.distributed import DistInfo, any_rank, token_normaliser
 from transformer.training.logbook import Logbook
-from transformer.training.low_precision import LowPrecisionWeights
 from transformer.training.loss import batch_loss
+from transformer.training.low_precision import LowPrecisionWeights
 from transformer.training.metrics import UpdateMeter
 from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged
 from transformer.training.optimizer import Update, build_optimizer, build_scheduler, schedule_at
@@ -66,10 +66,10 @@ class Trainer:
         self.state = TrainState()
         self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer,
                                        self.scheduler, self.scaler, owned, dist_info.is_main)
-        self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
+        self.train_ids = TokenIds(data.train, model.cfg.vocab_size)  # numpy: batches built without the GIL
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
         self.sampler = TokenBatchSampler(
-            *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
+            *self.train_ids.lengths(), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
@@ -82,14 +82,20 @@ class Trainer:
             data.devs, data.tokenizer, cfg.decode, cfg.optim.label_smoothing, self.tc.precision,
             device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_positions,
             after_batch=self.trim_heap)
-        self.net: torch.nn.Module = model  # what forward runs through: DDP and/or compiled
+        self.net: torch.nn.Module = model  # what forward runs through: the model, or DDP
         if dist.is_initialized():  # torchrun, one process or several
             self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if self.tc.compile:
+        # the forward and the loss compiled (automatic dynamic shapes: the first batch's
+        # shape, then one graph with symbolic lengths and rows; tests/training/test_trainer.py)
+        self.compiled = self.tc.compile if self.tc.compile is not None else device.type == "cuda"
+        self.forward_loss = batch_loss
+        if self.compiled and self.net is model:
+            self.forward_loss = torch.compile(batch_loss)
+        elif self.compiled:  # DDP: compiled as a module (dynamo splits it at its buckets)
             self.net = torch.compile(self.net)
         # eager and one process: the Linear weights cast once an update, not at every use
         low_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tc.precision)
-        self.low = LowPrecisionWeights(model, low_dtype) if low_dtype and self.net is model else None
+        self.low = LowPrecisionWeights(model, low_dtype) if low_dtype and self.net is model and not self.compiled else None
         run_dir = Path(self.tc.run_dir)
         self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
         self.signals = StopSignal(run_dir / "checkpoints")
@@ -233,8 +239,8 @@ class Trainer:
             ctx = contextlib.nullcontext() if sync else self.net.no_sync()
             with ctx:
                 with self._weights(first=i == 0):
-                    loss, nll = batch_loss(self.net, batch, self.cfg.optim.label_smoothing,
-                                           self.tc.precision, self.device)
+                    loss, nll = self.forward_loss(self.net, batch, self.cfg.optim.label_smoothing,
+                                                  self.tc.precision, self.device)
                 self.scaler.scale(loss / norm).backward()
             if self.low is not None:
                 self.low.collect(first=i == 0)
