@@ -18,10 +18,11 @@ leave every real output as the masks define it:
   its flash kernel takes. Targets are right-padded, so a real query's causal keys are all
   real; a padded query may read padded keys, and is never predicted. The explicit path
   (and stored weights) applies the full mask, causal AND key padding.
-- source key padding arrives as an additive bias (`key_bias`, built once per forward in
-  the compute dtype, the form SDPA's fused kernels read without a conversion per call),
-  with an all-padding source's row opened to every key: no row is empty, so no call
-  pays for the empty-row bookkeeping (such a sentence's outputs are finite, not zero).
+- source key padding reaches SDPA as an additive bias (`key_bias`, built once per
+  forward in the compute dtype, the form SDPA's fused kernels read without a conversion
+  per call), with an all-padding source's row opened to every key: no row is empty, so no
+  call pays for the empty-row bookkeeping (such a sentence's outputs are finite, not
+  zero). The module still receives the bool mask, which the explicit path applies.
 """
 
 from __future__ import annotations
@@ -83,12 +84,8 @@ def _open_empty_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Explicit softmax(q k^T / sqrt(Dh) + mask) -> (B, H, T, S); empty rows are zeros.
-
-    mask: bool (True = may attend), or a `key_bias` (added; it has no empty row)."""
+    """Explicit softmax(q k^T / sqrt(Dh) + mask) -> (B, H, T, S); empty rows are zeros."""
     scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5  # (B, H, T, S)
-    if mask.is_floating_point():
-        return (scores + mask).softmax(dim=-1)
     open_mask, has_key = _open_empty_rows(mask)
     weights = scores.masked_fill_(~open_mask, torch.finfo(scores.dtype).min).softmax(dim=-1)
     # Only an all-padding sequence has empty rows (training batches never do): skip the
@@ -148,14 +145,16 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         static_kv: bool = False,
         causal: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend from queries x (B, T, D) to keys/values kv (B, S, D).
 
         mask: bool, broadcastable to (B, H, T, S_total), True = may attend, where
-        S_total includes cached positions; or a `key_bias` (B, 1, 1, S). static_kv: kv is
-        the encoder memory, whose projections the cache keeps after the first call.
-        causal: mask is causal AND the key padding of a whole right-padded sequence (kv is
-        x, no cache): SDPA runs `is_causal` without it (the same real outputs).
+        S_total includes cached positions. static_kv: kv is the encoder memory, whose
+        projections the cache keeps after the first call. causal: mask is causal AND the
+        key padding of a whole right-padded sequence (kv is x, no cache): SDPA runs
+        `is_causal` without it (the same real outputs). bias: `key_bias(mask)`, built once
+        by the caller for every layer: what SDPA reads instead of the mask.
         Returns (B, T, D).
         """
         if kv is x:  # self-attention: one cast serves q, k and v
@@ -179,8 +178,8 @@ class MultiHeadAttention(nn.Module):
             out = dropout(w, p, self.training) @ v  # the cheap CPU mask (dropout.py)
         elif causal:  # every real query's causal keys are real: no mask, no empty row
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        elif mask.is_floating_point():  # a key_bias: no empty row, nothing to mend
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        elif bias is not None:  # no empty row: nothing to mend
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
         else:  # CUDA: SDPA picks a fused (flash / memory-efficient) kernel
             open_mask, has_key = _open_empty_rows(mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)

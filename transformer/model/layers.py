@@ -70,9 +70,9 @@ class EncoderLayer(nn.Module):
         self.self_attn_res = Residual(d_model, dropout, pre_norm)
         self.ffn_res = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """x (B, S, D), src_mask (B, 1, 1, S) bool or `attention.key_bias` -> (B, S, D)."""
-        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, src_mask))
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor, src_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, S, D), src_mask (B, 1, 1, S), src_bias its `attention.key_bias` -> (B, S, D)."""
+        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, src_mask, bias=src_bias))
         return self.ffn_res(x, self.ffn)
 
 
@@ -112,13 +112,14 @@ class DecoderLayer(nn.Module):
         tgt_mask: torch.Tensor,
         src_mask: torch.Tensor,
         cache: LayerCache | None = None,
+        src_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x (B, T, D), memory (B, S, D), tgt_mask (B, 1, T, T_total) (without a cache:
-        of a whole right-padded target), src_mask (B, 1, 1, S) bool or `key_bias`."""
+        of a whole right-padded target), src_mask (B, 1, 1, S), src_bias its `key_bias`."""
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
         x = self.self_attn_res(x, lambda h: self.self_attn(h, h, tgt_mask, self_cache, causal=cache is None))
         x = self.cross_attn_res(
-            x, lambda h: self.cross_attn(h, memory, src_mask, cross_cache, static_kv=True)
+            x, lambda h: self.cross_attn(h, memory, src_mask, cross_cache, static_kv=True, bias=src_bias)
         )
         return self.ffn_res(x, self.ffn)

@@ -146,9 +146,10 @@ class Transformer(nn.Module):
         """
         self._check_ids(src_ids, "src_ids")
         x = self._embed(self.src_embed, src_ids, "src_ids")
-        src_mask = self._src_bias(src_ids, x)  # (B, 1, 1, S), once for every layer
+        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        src_bias = key_bias(src_mask, _compute_dtype(x))  # once for every layer
         for layer in self.encoder_layers:
-            x = layer(x, src_mask)
+            x = layer(x, src_mask, src_bias)
         return self.encoder_norm(x)
 
     def decode(
@@ -219,11 +220,6 @@ class Transformer(nn.Module):
             states = states.flatten(0, 1).index_select(0, predict_index)  # (N, D)
         return self.out_proj(states)
 
-    def _src_bias(self, src_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The source's key padding as `attention.key_bias` (B, 1, 1, S), in the dtype of
-        the attention scores (x's, or autocast's)."""
-        return key_bias(src_key_mask(src_ids, self.cfg.pad_id), _compute_dtype(x))
-
     def _decoder_states(
         self,
         tgt_in_ids: torch.Tensor,
@@ -247,13 +243,12 @@ class Transformer(nn.Module):
         memory = autocast_input(memory)  # once, not in every layer's k and v projections
         x = self._embed(self.tgt_embed, tgt_in_ids, "tgt_in_ids", offset)
         tgt_mask = tgt_self_mask(all_ids, self.cfg.pad_id, n_queries=tgt_in_ids.size(1))  # (B, 1, T, T_total)
-        if cache is None:  # the source's key padding once for every layer
-            src_mask = self._src_bias(src_ids, x)
-        else:
-            src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        # the whole sequence: the source's key padding as SDPA's bias, once for every layer
+        src_bias = key_bias(src_mask, _compute_dtype(x)) if cache is None else None
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
-            x = layer(x, memory, tgt_mask, src_mask, layer_cache)
+            x = layer(x, memory, tgt_mask, src_mask, layer_cache, src_bias)
         return self.decoder_norm(x)
 
 
