@@ -60,8 +60,8 @@ from transformer.device import (
 from transformer.model.attention import set_attention_path
 from transformer.model.layers import sinusoid_table
 from transformer.model.transformer import build_model, count_parameters
+from transformer.training.forward import LowPrecisionWeights
 from transformer.training.loss import batch_loss
-from transformer.training.low_precision import LowPrecisionWeights
 from transformer.training.optimizer import Update, build_optimizer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -32,9 +32,8 @@ from transformer.data.pipeline import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
 from transformer.training.distributed import DistInfo, any_rank, token_normaliser
+from transformer.training.forward import TrainForward
 from transformer.training.logbook import Logbook
-from transformer.training.loss import batch_loss
-from transformer.training.low_precision import LowPrecisionWeights
 from transformer.training.metrics import UpdateMeter
 from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged
 from transformer.training.optimizer import Update, build_optimizer, build_scheduler, schedule_at
@@ -85,17 +84,8 @@ class Trainer:
         self.net: torch.nn.Module = model  # what forward runs through: the model, or DDP
         if dist.is_initialized():  # torchrun, one process or several
             self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        # the forward and the loss compiled (automatic dynamic shapes: the first batch's
-        # shape, then one graph with symbolic lengths and rows; tests/training/test_trainer.py)
-        self.compiled = self.tc.compile if self.tc.compile is not None else device.type == "cuda"
-        self.forward_loss = batch_loss
-        if self.compiled and self.net is model:
-            self.forward_loss = torch.compile(batch_loss)
-        elif self.compiled:  # DDP: compiled as a module (dynamo splits it at its buckets)
-            self.net = torch.compile(self.net)
-        # eager and one process: the Linear weights cast once an update, not at every use
-        low_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tc.precision)
-        self.low = LowPrecisionWeights(model, low_dtype) if low_dtype and self.net is model and not self.compiled else None
+        self.forward = TrainForward(model, self.net, self.tc.precision, device, self.tc.compile)
+        self.net = self.forward.net  # compiled under DDP
         run_dir = Path(self.tc.run_dir)
         self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
         self.signals = StopSignal(run_dir / "checkpoints")
@@ -238,12 +228,9 @@ class Trainer:
             sync = i == len(batches) - 1 or not isinstance(self.net, DistributedDataParallel)
             ctx = contextlib.nullcontext() if sync else self.net.no_sync()
             with ctx:
-                with self._weights(first=i == 0):
-                    loss, nll = self.forward_loss(self.net, batch, self.cfg.optim.label_smoothing,
-                                                  self.tc.precision, self.device)
+                loss, nll = self.forward(batch, self.cfg.optim.label_smoothing, first=i == 0)
                 self.scaler.scale(loss / norm).backward()
-            if self.low is not None:
-                self.low.collect(first=i == 0)
+            self.forward.after_backward(first=i == 0)
             loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll
         grad_norm, applied = self.update()
         self.state.step += 1  # as applied; `settle` takes a skipped one back
@@ -252,15 +239,6 @@ class Trainer:
         scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
         self.meter.add(metrics, self.guard.counts(applied, scale))
         return metrics
-
-    def _weights(self, first: bool) -> contextlib.AbstractContextManager:
-        """The weights a forward reads: the low-precision copies (refreshed before an
-        update's first forward) where `self.low` keeps them, else the model's own."""
-        if self.low is None:
-            return contextlib.nullcontext()
-        if first:
-            self.low.refresh()
-        return self.low.swapped()
 
     def validate(self) -> dict[str, DevResult]:
         """Every dev set's scores (rank 0 only)."""

@@ -1,4 +1,10 @@
-"""The Linear layers' weights cast to autocast's dtype once per update: `LowPrecisionWeights`.
+"""The forward and loss of a training update (`TrainForward`): compiled, or eager with the
+Linear layers' weights cast to autocast's dtype once per update (`LowPrecisionWeights`).
+
+`trainer.compile` (null: on for CUDA, off elsewhere) compiles the forward together with
+the loss (`torch.compile(batch_loss)`; under DDP the wrapped module, which dynamo splits at
+its buckets), with automatic dynamic shapes: the first batch's shape, then one graph with
+symbolic lengths and rows (tests/training/test_trainer.py holds the count).
 
 Under autocast every `nn.Linear` casts its fp32 weight and bias to bf16 (fp16) in the
 forward and their gradients back to fp32 in the backward: two ops per tensor and
@@ -13,8 +19,9 @@ computes: its casts round the same way, and the gradients are the same bf16 prod
 converted once. Parameters used outside a Linear (the tied embedding matrix, LayerNorm's)
 are left to autocast.
 
-Used for an eager, single-process run (`Trainer`): a compiled step fuses autocast's casts
-itself, and DistributedDataParallel reduces the gradients of the parameters it wraps.
+`LowPrecisionWeights` serves an eager, single-process run: a compiled step fuses
+autocast's casts itself, and DistributedDataParallel reduces the gradients of the
+parameters it wraps.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from transformer.data.batching import Batch
+from transformer.training.loss import batch_loss
 
 
 def _linear_only(model: nn.Module) -> list[tuple[nn.Parameter, list[tuple[nn.Module, str]]]]:
@@ -88,3 +98,46 @@ class LowPrecisionWeights:
         for p, g, low in zip(self.params, self.grads, self.low):
             p.grad = g
             low.grad = None
+
+
+class TrainForward:
+    """The loss of a micro-batch as the trainer computes it: `batch_loss` through `net`,
+    compiled (`compile`; None: on CUDA) or eager, where mixed precision reads the
+    `LowPrecisionWeights` of `model`. `net` is what the forward runs through afterwards
+    (DDP, compiled under DDP).
+
+    Args:
+        model: the Transformer.
+        net: `model`, or its DistributedDataParallel wrapper.
+        precision: the resolved precision (fp32, bf16, fp16).
+        device: the training device.
+        compile: `trainer.compile`.
+    """
+
+    def __init__(self, model: nn.Module, net: nn.Module, precision: str, device: torch.device,
+                 compile: bool | None) -> None:
+        self.precision, self.device = precision, device
+        self.compiled = compile if compile is not None else device.type == "cuda"
+        self.net, self.loss_fn = net, batch_loss
+        if self.compiled and net is model:
+            self.loss_fn = torch.compile(batch_loss)
+        elif self.compiled:
+            self.net = torch.compile(net)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        eager_alone = net is model and not self.compiled
+        self.low = LowPrecisionWeights(model, dtype) if dtype and eager_alone else None
+
+    def __call__(self, batch: Batch, label_smoothing: float, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss, summed NLL) of `batch` (on the device); `first`: the update's first
+        micro-batch, before which the low-precision copies are refreshed."""
+        if self.low is None:
+            return self.loss_fn(self.net, batch, label_smoothing, self.precision, self.device)
+        if first:
+            self.low.refresh()
+        with self.low.swapped():
+            return self.loss_fn(self.net, batch, label_smoothing, self.precision, self.device)
+
+    def after_backward(self, first: bool) -> None:
+        """After a micro-batch's backward: the fp32 parameters' gradients in `.grad`."""
+        if self.low is not None:
+            self.low.collect(first)

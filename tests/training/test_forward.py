@@ -1,6 +1,7 @@
-"""transformer/training/low_precision.py: the forward on the low-precision copies gives
+"""transformer/training/forward.py: the forward on the low-precision copies gives
 autocast's logits and gradients bit for bit, the modules get their fp32 parameters back,
-and the tied embedding and LayerNorms are left to autocast."""
+the tied embedding and LayerNorms are left to autocast; compiled by default on CUDA only,
+and the low-precision copies only for an eager bf16/fp16 run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torch import nn
 
 from transformer.config import ModelConfig
 from transformer.model.transformer import Transformer
-from transformer.training.low_precision import LowPrecisionWeights
+from transformer.training.forward import LowPrecisionWeights, TrainForward
 
 SRC = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
 TGT_IN = torch.tensor([[1, 11, 12], [1, 13, 0]])
@@ -81,3 +82,14 @@ def test_only_parameters_of_linear_layers_get_copies():
     assert id(model.encoder_layers[0].self_attn.q_proj.weight) in copied
     linears = [p for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters(recurse=False)]
     assert len(copied) == len({id(p) for p in linears}) - 1  # every Linear's but the tied output
+
+
+def test_compiled_by_default_on_cuda_only_and_copies_only_for_eager_mixed_precision(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # what is compiled, not how
+    model = tiny()
+    assert not TrainForward(model, model, "bf16", torch.device("cpu"), None).compiled
+    assert TrainForward(model, model, "bf16", torch.device("cuda"), None).compiled
+    assert not TrainForward(model, model, "bf16", torch.device("cuda"), False).compiled
+    assert TrainForward(model, model, "bf16", torch.device("cpu"), None).low is not None
+    assert TrainForward(model, model, "fp32", torch.device("cpu"), None).low is None
+    assert TrainForward(model, model, "bf16", torch.device("cpu"), True).low is None
