@@ -14,7 +14,7 @@ child process under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the alloca
 configured when CUDA starts, so not in this process). With --json the report is written
 after every batch, so a run cut off keeps what it measured.
 
-`profile(...)` is the function a caller (scripts/gpu_check.py's decode step) runs.
+`profile(...)` is the function a caller (scripts/gpu/gpu_check.py's decode step) runs.
 """
 
 from __future__ import annotations

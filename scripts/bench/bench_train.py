@@ -16,8 +16,10 @@ in fp32 and bf16 autocast.
 This trainer's step is the trainer's own update (`transformer.training.optimizer.Update`:
 clipping with `foreach`, the fused AdamW kernel skipping a non-finite update on the
 device, nothing read back); batches are padded to `--pad-to-multiple` (default: 8 on a
-GPU, 1 on a CPU, as training pads them). With `--compile true` this trainer's model is
-`torch.compile`d (the baseline stays eager) and the row reports how many times it was
+GPU, 1 on a CPU, as training pads them). Eager bf16/fp16 reads the Linear weights'
+low-precision copies, cast once a step (`LowPrecisionWeights`, as the trainer). With
+`--compile true` this trainer's forward and loss are `torch.compile`d together, as the
+trainer compiles them (the baseline stays eager), and the row reports how many times it was
 compiled (`compiles`: the first shape, then once more with dynamic shapes) and its graph
 breaks; the warm-up round pays for compiling, the timed rounds do not.
 
@@ -29,6 +31,7 @@ device (an attainable peak, not the data-sheet one) and prints model FLOPs utili
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -57,6 +60,7 @@ from transformer.device import (
 from transformer.model.attention import set_attention_path
 from transformer.model.layers import sinusoid_table
 from transformer.model.transformer import build_model, count_parameters
+from transformer.training.forward import LowPrecisionWeights
 from transformer.training.loss import batch_loss
 from transformer.training.optimizer import Update, build_optimizer
 
@@ -96,6 +100,12 @@ def ours_loss(model, batch: Batch, eps: float, precision: str, device: torch.dev
     return batch_loss(model, batch, eps, precision, device)[0]
 
 
+def compiled_ours_loss():
+    """`ours_loss` with the forward and the loss compiled together, as `Trainer` compiles them."""
+    compiled = torch.compile(batch_loss)
+    return lambda model, batch, eps, precision, device: compiled(model, batch, eps, precision, device)[0]
+
+
 def torch_loss(model, batch: Batch, eps: float, precision: str, device: torch.device) -> torch.Tensor:
     with autocast(precision, device):
         logits = model(batch.src_ids, batch.tgt_in_ids)
@@ -121,16 +131,22 @@ def build_baseline(name: str, cfg: ModelConfig, device: torch.device):
 
 
 def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str,
-              device: torch.device = CPU) -> tuple[float, int]:
+              device: torch.device = CPU, low: LowPrecisionWeights | None = None) -> tuple[float, int]:
     """Full training steps over `batches` (already on `device`); returns (seconds, target
     tokens). `opt` is an optimizer (a plain step: clip, `opt.step()`) or the trainer's
-    `Update` (which clips and steps)."""
+    `Update` (which clips and steps). `low`: the forward reads the Linear weights' copies
+    in autocast's dtype, refreshed once a step, as the trainer's eager mixed precision."""
     model.train()
     tokens, t0 = 0, time.perf_counter()
     for batch in batches:
         n = batch.n_tgt_tokens
-        loss = loss_fn(model, batch, 0.1, precision, device)
+        if low is not None:
+            low.refresh()
+        with low.swapped() if low is not None else contextlib.nullcontext():
+            loss = loss_fn(model, batch, 0.1, precision, device)
         (loss / n).backward()
+        if low is not None:
+            low.collect(first=True)
         if isinstance(opt, Update):
             opt()
         else:
@@ -311,9 +327,11 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(0)
     ours = build_model(model_cfg).to(device)
-    net = torch.compile(ours) if compiled else ours
     counters.clear()
-    runs = {"ours": (net, ours_loss), "torch": build_baseline(args.baseline, model_cfg, device)}
+    runs = {"ours": (ours, compiled_ours_loss() if compiled else ours_loss),
+            "torch": build_baseline(args.baseline, model_cfg, device)}
+    low_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)  # as `Trainer` decides
+    lows = {"ours": LowPrecisionWeights(ours, low_dtype) if low_dtype and not compiled else None, "torch": None}
     # ours: the trainer's own update (fused AdamW, the skip of a non-finite update on the
     # device); the baseline: what an nn.Transformer user writes (torch.optim.Adam, PyTorch's
     # default implementation)
@@ -324,12 +342,12 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
             "torch": torch.optim.Adam(runs["torch"][0].parameters(), lr=1e-4,
                                       betas=(0.9, 0.98), eps=1e-9)}
     for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
-        run_steps(m, fn, opts[k], batches[:3], precision, device)
+        run_steps(m, fn, opts[k], batches[:3], precision, device, lows[k])
     rates: dict[str, list[float]] = {"ours": [], "torch": []}
     secs_ours: list[float] = []
     for _ in range(args.rounds):
         for k, (m, fn) in runs.items():
-            secs, toks = run_steps(m, fn, opts[k], batches, precision, device)
+            secs, toks = run_steps(m, fn, opts[k], batches, precision, device, lows[k])
             rates[k].append(toks / secs)
             if k == "ours":
                 secs_ours.append(secs)
@@ -353,7 +371,7 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
     rounds = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["ours"], rates["torch"]))
     print(f"{'':<10}rounds (this trainer/{base_name}): {rounds}", flush=True)
     if args.profile:
-        profile_step(net, ours_loss, opts["ours"], batches, precision, device,
+        profile_step(ours, runs["ours"][1], opts["ours"], batches, precision, device,
                      model_cfg.vocab_size, step_flops(ours, batches), peak)
     return result
 

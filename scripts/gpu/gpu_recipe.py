@@ -13,7 +13,7 @@ there (docs/training.md, "The GPU recipe in one call"):
 
 scripts/gpu/harness.py runs the steps (the table STEPS at the end), each in its own process
 under its own time limit (at the limit SIGTERM: mt-train saves and stops; SIGKILL 30 s
-later); the run as a whole has a deadline (540 s on a GPU), and training gets its six minutes less what the deadline cannot spare:
+later); the run as a whole has a deadline (480 s on a GPU), and training gets its six minutes less what the deadline cannot spare:
 the time already spent, the train step's own start, validation and checkpoints
 (`Plan.train_overhead`) and the later steps' (`Plan.after_train`). The JSON says how long
 it trained.
@@ -69,9 +69,9 @@ class Plan:
     grace: int = 30  # seconds from a step's SIGTERM at its limit (mt-train saves and stops) to SIGKILL
 
 
-GPU = Plan(device="cuda", data_root=".gpu/recipe/data", overrides=[], train_seconds=360, train_overhead=60,
+GPU = Plan(device="cuda", data_root=".gpu/recipe/data", overrides=[], train_seconds=360, train_overhead=45,
            after_train=110, eval_sentences=None, dev_sentences=500, average_last=5,
-           limits={"data": 150, "train": 480, "average": 60, "evaluate": 150, "export": 150})
+           limits={"data": 150, "train": 480, "average": 60, "evaluate": 150, "export": 150}, deadline=480)
 
 CPU = Plan(device="cpu", data_root="", train_seconds=60, train_overhead=30, after_train=60, eval_sentences=20,
            dev_sentences=10, average_last=3,

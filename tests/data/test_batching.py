@@ -1,7 +1,7 @@
 """Token-based batches (transformer/data/batching.py): no batch over max_tokens and each pair
 once, deterministic per seed and epoch, resumable mid-epoch, a compact plan, the greedy cut,
-DDP shards without overlap, padding efficiency, collate's shift and padding, and the
-length batches of decoding.
+DDP shards without overlap, padding efficiency, collate's shift and padding, batches
+gathered from Arrow buffers equal to collate's, and the length batches of decoding.
 
 Moved verbatim from tests/data/test_pipeline.py and tests/commands/test_translate.py (#52)."""
 
@@ -14,6 +14,7 @@ import torch
 from transformer.data.batching import (
     BatchPlan,
     TokenBatchSampler,
+    TokenIds,
     collate,
     cut_sorted,
     length_batches,
@@ -144,6 +145,45 @@ def test_collate_shifts_pads_and_counts() -> None:
     }
     same = collate(as_columns, PAD_ID, BOS_ID, EOS_ID).to("cpu")
     assert torch.equal(same.tgt_in_ids, batch.tgt_in_ids) and len(same) == 2
+
+
+def random_pairs(n: int, seed: int = 0) -> dict[str, list[list[int]]]:
+    rng = np.random.default_rng(seed)
+    src, tgt = realistic_lengths(n, seed)
+    return {"src_ids": [rng.integers(4, 300, k).tolist() for k in src],
+            "tgt_ids": [rng.integers(4, 300, k).tolist() for k in tgt]}
+
+
+@pytest.mark.parametrize("pad_to_multiple", [1, 8])
+def test_batches_from_arrow_buffers_equal_collates(tmp_path, pad_to_multiple) -> None:
+    """TokenIds over a saved (memory-mapped, many-chunk) dataset, and over a selection of
+    it: any rows, in any order, collate as `collate` of the same rows' lists."""
+    import datasets
+
+    pairs = random_pairs(2_500)
+    datasets.Dataset.from_dict(pairs).save_to_disk(str(tmp_path / "ds"), max_shard_size="40KB")
+    dataset = datasets.load_from_disk(str(tmp_path / "ds"))
+    assert dataset.data.column("src_ids").num_chunks > 1
+    order = np.random.default_rng(1).permutation(len(dataset))[:1_000]
+    for ds in (dataset, dataset.select(order)):
+        ids = TokenIds(ds, vocab_size=300)
+        assert len(ids) == len(ds)
+        for lens, column in zip(ids.lengths(), ("src_ids", "tgt_ids")):
+            assert lens.tolist() == [len(x) for x in ds[column]]
+        rows = np.random.default_rng(2).choice(len(ds), 64, replace=False)
+        got = ids.collate_rows(rows, PAD_ID, BOS_ID, EOS_ID, pad_to_multiple, vocab_size=300)
+        want = collate(ds[rows.tolist()], PAD_ID, BOS_ID, EOS_ID, pad_to_multiple, vocab_size=300)
+        for name in ("src_ids", "tgt_in_ids", "tgt_out_ids", "predict_index"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+            assert getattr(got, name).dtype == torch.long
+
+
+def test_batches_from_arrow_buffers_refuse_ids_outside_the_vocabulary() -> None:
+    import datasets
+
+    ids = TokenIds(datasets.Dataset.from_dict({"src_ids": [[5, 400]], "tgt_ids": [[6]]}), vocab_size=1000)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        ids.collate_rows(np.array([0]), PAD_ID, BOS_ID, EOS_ID, vocab_size=300)
 
 
 def test_length_batches_respect_max_tokens_and_cover_every_line():

@@ -93,46 +93,107 @@ def collate(
     else:
         srcs = [ex["src_ids"] for ex in examples]
         tgts = [ex["tgt_ids"] for ex in examples]
-    src_ids, _ = _pad(srcs, pad_id, offset=0, extra=SRC_EXTRA, multiple=pad_to_multiple, vocab_size=vocab_size)
-    tgt_in_ids, tgt_lens = _pad(tgts, pad_id, offset=1, extra=TGT_EXTRA, multiple=pad_to_multiple,
-                                vocab_size=vocab_size)
+    return collate_flat(_flatten(srcs), _flatten(tgts), pad_id, bos_id, eos_id, pad_to_multiple, vocab_size)
+
+
+def collate_flat(
+    src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], pad_id: int, bos_id: int,
+    eos_id: int, pad_to_multiple: int = 1, vocab_size: int | None = None,
+) -> Batch:
+    """`collate` of sequences given as (flat ids, lengths) numpy arrays per side, e.g. rows
+    gathered from Arrow buffers by `TokenIds.take`: numpy array operations only."""
+    src_ids = _pad(*src, pad_id, offset=0, extra=SRC_EXTRA, multiple=pad_to_multiple, vocab_size=vocab_size)
+    tgt_flat, tgt_lens = tgt
+    tgt_in_ids = _pad(tgt_flat, tgt_lens, pad_id, offset=1, extra=TGT_EXTRA, multiple=pad_to_multiple,
+                      vocab_size=vocab_size)
     tgt_in_ids[:, 0] = bos_id
-    tgt_out_ids, _ = _pad(tgts, pad_id, offset=0, extra=TGT_EXTRA, multiple=pad_to_multiple)
-    rows = np.arange(len(tgts))
-    tgt_out_ids[rows, tgt_lens] = eos_id
+    width = tgt_in_ids.shape[1]
+    # y + EOS is BOS + y shifted left by one: the same row-major array, one element on
+    tgt_out_ids = np.empty_like(tgt_in_ids)
+    tgt_out_ids.reshape(-1)[:-1] = tgt_in_ids.reshape(-1)[1:]
+    tgt_out_ids[:, -1] = pad_id  # the next row's BOS, and the last row's end
+    tgt_out_ids[np.arange(len(tgt_lens)), tgt_lens] = eos_id
     # y + EOS of row i sit at [0, len_i]: their flat positions, in row-major order
-    width = tgt_out_ids.shape[1]
     predict_index = np.flatnonzero(np.arange(width)[None, :] <= tgt_lens[:, None])
     return Batch(torch.from_numpy(src_ids), torch.from_numpy(tgt_in_ids), torch.from_numpy(tgt_out_ids),
                  pad_id, torch.from_numpy(predict_index))
 
 
+def _flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists -> (flat int64 ids, int64 lengths)."""
+    lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))
+    return flat, lens
+
+
 def _pad(
-    seqs: Sequence[Sequence[int]], pad_id: int, offset: int, extra: int, multiple: int = 1,
+    flat: np.ndarray, lens: np.ndarray, pad_id: int, offset: int, extra: int, multiple: int = 1,
     vocab_size: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(B, width) int64 array with row i's ids at [offset, offset + len_i); lengths. width is
-    max_len + extra rounded up to `multiple`.
+) -> np.ndarray:
+    """(B, width) int64 array with row i's ids (flat[sum(lens[:i]):][:lens[i]]) at
+    [offset, offset + len_i). width is max_len + extra rounded up to `multiple`.
 
     Vectorised in numpy (one boolean-mask assignment): a Python loop over rows, or the same
     in torch with its thread pool, is far slower (docs/results.md, "Figures behind the
     code's choices").
     """
-    lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))
     if vocab_size is not None and flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
         raise ValueError(f"ids outside the vocabulary [0, {vocab_size}): min {flat.min()}, max {flat.max()}")
     width = -(-(int(lens.max()) + extra) // multiple) * multiple
-    out = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    out = np.full((len(lens), width), pad_id, dtype=np.int64)
     positions = np.arange(out.shape[1])
     inside = (positions >= offset) & (positions < lens[:, None] + offset)  # row-major = flat order
     out[inside] = flat
-    return out, lens
+    return out
+
+
+class TokenIds:
+    """The `src_ids` and `tgt_ids` of an encoded dataset as flat numpy arrays (each side's
+    ids one after another, and where each row starts), read once from its Arrow buffers,
+    so that a batch is gathered and padded by numpy array operations (`collate_rows`)
+    rather than built from Python lists by `datasets` row by row, which holds the GIL the
+    training loop needs to launch kernels. The ids are stored in the smallest integer type
+    that holds the vocabulary (2 bytes a token below 32,768 ids).
+    """
+
+    def __init__(self, dataset, vocab_size: int) -> None:
+        table = dataset.with_format("arrow")[:]  # honours any select()/shuffle() indices
+        dtype = np.int16 if vocab_size <= np.iinfo(np.int16).max + 1 else np.int32
+        self.sides = tuple(self._flat(table.column(c), dtype) for c in ("src_ids", "tgt_ids"))
+
+    @staticmethod
+    def _flat(column, dtype) -> tuple[np.ndarray, np.ndarray]:
+        chunks = [c for c in column.chunks if len(c)]
+        values = [c.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False) for c in chunks]
+        lens = [pc.list_value_length(c).to_numpy(zero_copy_only=False) for c in chunks]
+        lens = np.concatenate(lens).astype(np.int64) if lens else np.zeros(0, np.int64)
+        flat = np.concatenate(values) if values else np.zeros(0, dtype)
+        return flat, np.concatenate([[0], np.cumsum(lens)])
+
+    def __len__(self) -> int:
+        return len(self.sides[0][1]) - 1
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's source and target length, as `token_lengths` reads them."""
+        return np.diff(self.sides[0][1]), np.diff(self.sides[1][1])
+
+    def take(self, rows: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
+        """(flat int64 ids, lengths) of `rows` on `side` (0 source, 1 target), in order."""
+        flat, starts = self.sides[side]
+        begin, lens = starts[rows], starts[rows + 1] - starts[rows]
+        shift = np.repeat(begin - (np.cumsum(lens) - lens), lens)  # each row's start, minus its out start
+        return flat[np.arange(int(lens.sum())) + shift].astype(np.int64), lens
+
+    def collate_rows(self, rows: np.ndarray, pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1,
+                     vocab_size: int | None = None) -> Batch:
+        """`collate` of dataset rows `rows` (an int array)."""
+        return collate_flat(self.take(rows, 0), self.take(rows, 1), pad_id, bos_id, eos_id, pad_to_multiple,
+                            vocab_size)
 
 
 def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
     """Right-pad non-empty id lists to a (B, S) long tensor, as `collate` pads a source."""
-    return torch.from_numpy(_pad(seqs, pad_id, offset=0, extra=0)[0])
+    return torch.from_numpy(_pad(*_flatten(seqs), pad_id, offset=0, extra=0))
 
 
 def length_batches(lengths: Sequence[int], max_tokens: int,
@@ -200,6 +261,10 @@ class BatchPlan:
 
     def __iter__(self) -> Iterator[list[int]]:
         return (self[i] for i in range(len(self)))
+
+    def rows_of(self, i: int) -> np.ndarray:
+        """Batch i's example indices as an int64 array (a view)."""
+        return self.rows[self.bounds[i] : self.bounds[i + 1]]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BatchPlan):

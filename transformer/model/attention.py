@@ -11,6 +11,18 @@ wanted) does `masked_fill(~mask, finfo.min)` before the softmax.
 A query row whose keys are all masked (an all-padding sequence) would be a softmax over
 nothing, i.e. 0/0 = NaN. Such rows are opened to every key for the computation and
 their output is then set to exactly zero, in every dtype.
+
+The model's full-sequence forward (training, teacher forcing) takes two shortcuts that
+leave every real output as the masks define it:
+- decoder self-attention (`causal=True`) reaches SDPA as `is_causal` with no mask, which
+  its flash kernel takes. Targets are right-padded, so a real query's causal keys are all
+  real; a padded query may read padded keys, and is never predicted. The explicit path
+  (and stored weights) applies the full mask, causal AND key padding.
+- source key padding reaches SDPA as an additive bias (`key_bias`, built once per
+  forward in the compute dtype, the form SDPA's fused kernels read without a conversion
+  per call), with an all-padding source's row opened to every key: no row is empty, so no
+  call pays for the empty-row bookkeeping (such a sentence's outputs are finite, not
+  zero). The module still receives the bool mask, which the explicit path applies.
 """
 
 from __future__ import annotations
@@ -55,6 +67,15 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.float32 and torch.is_autocast_enabled(device):
         return x.to(torch.get_autocast_dtype(device))
     return x
+
+
+def key_bias(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, 1, S) bool key mask -> (B, 1, 1, S) additive bias in `dtype`: 0 where a key
+    may be read, -inf where not, and 0 across a row with no key at all (an all-padding
+    sequence), so that no row of the scores is empty."""
+    open_mask = key_mask | ~key_mask.any(dim=-1, keepdim=True)
+    return torch.zeros(open_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(
+        ~open_mask, float("-inf"))
 
 
 def _open_empty_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,20 +146,28 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor,
         cache: KVCache | None = None,
         static_kv: bool = False,
+        causal: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend from queries x (B, T, D) to keys/values kv (B, S, D).
 
         mask: bool, broadcastable to (B, H, T, S_total), True = may attend, where
         S_total includes cached positions. static_kv: kv is the encoder memory, whose
-        projections the cache keeps after the first call.
+        projections the cache keeps after the first call. causal: mask is causal AND the
+        key padding of a whole right-padded sequence (kv is x, no cache): SDPA runs
+        `is_causal` without it (the same real outputs). bias: `key_bias(mask)`, built once
+        by the caller for every layer: what SDPA reads instead of the mask.
         Returns (B, T, D).
         """
         if kv is x:  # self-attention: one cast serves q, k and v
             x = kv = autocast_input(x)
         else:
             x, kv = autocast_input(x), autocast_input(kv)
-        q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
-        k, v = self._keys_values(kv, cache, static_kv)  # (B, H, S, Dh)
+        if cache is None:
+            q, k, v = self._projections(x, kv)  # (B, H, T|S, Dh)
+        else:
+            q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
+            k, v = self._keys_values(kv, cache, static_kv)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
         use_sdpa = q.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
         # compiled: SDPA (the explicit path's check for empty rows reads a value, which
@@ -149,12 +178,28 @@ class MultiHeadAttention(nn.Module):
             if self.store_weights:
                 self.weights = w.detach()
             out = dropout(w, p, self.training) @ v  # the cheap CPU mask (dropout.py)
+        elif causal:  # every real query's causal keys are real: no mask, no empty row
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        elif bias is not None:  # no empty row: nothing to mend
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
         else:  # CUDA: SDPA with a mask, so the memory-efficient kernel (flash takes no mask)
             open_mask, has_key = _open_empty_rows(mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=open_mask, dropout_p=p)
             out = out.masked_fill(~has_key, 0.0)  # rows with no key: zeros, not NaN
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _projections(self, x: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, L, Dh) of a whole sequence: one product for the projections that
+        read the same input (q, k, v in self-attention; k, v of the memory), its backward
+        one product for the weights and one for the input instead of one each."""
+        proj = (self.q_proj, self.k_proj, self.v_proj) if kv is x else (self.k_proj, self.v_proj)
+        weight = torch.cat([m.weight for m in proj])  # (n D, D)
+        bias = torch.cat([m.bias for m in proj])
+        fused = [self._heads(h) for h in F.linear(kv, weight, bias).chunk(len(proj), dim=-1)]
+        if kv is x:
+            return fused[0], fused[1], fused[2]
+        return self._heads(self.q_proj(x)), fused[0], fused[1]
 
 
 def set_attention_path(model: nn.Module, use_sdpa: bool | None) -> None:

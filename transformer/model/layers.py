@@ -70,9 +70,9 @@ class EncoderLayer(nn.Module):
         self.self_attn_res = Residual(d_model, dropout, pre_norm)
         self.ffn_res = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """x (B, S, D), src_mask (B, 1, 1, S) -> (B, S, D)."""
-        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, src_mask))
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor, src_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, S, D), src_mask (B, 1, 1, S), src_bias its `attention.key_bias` -> (B, S, D)."""
+        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, src_mask, bias=src_bias))
         return self.ffn_res(x, self.ffn)
 
 
@@ -98,8 +98,10 @@ class DecoderLayer(nn.Module):
         memory: torch.Tensor,
         tgt_mask: torch.Tensor,
         src_mask: torch.Tensor,
+        src_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (B, T, D), memory (B, S, D), tgt_mask (B, 1, T, T), src_mask (B, 1, 1, S)."""
-        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, tgt_mask))
-        x = self.cross_attn_res(x, lambda h: self.cross_attn(h, memory, src_mask))
+        """x (B, T, D) a whole right-padded target, memory (B, S, D), tgt_mask (B, 1, T, T),
+        src_mask (B, 1, 1, S), src_bias its `key_bias` (what SDPA reads instead)."""
+        x = self.self_attn_res(x, lambda h: self.self_attn(h, h, tgt_mask, causal=True))
+        x = self.cross_attn_res(x, lambda h: self.cross_attn(h, memory, src_mask, bias=src_bias))
         return self.ffn_res(x, self.ffn)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from transformer.config import ModelConfig
-from transformer.model.attention import autocast_input
+from transformer.model.attention import autocast_input, key_bias
 from transformer.model.cache import DecoderCache, decode_step
 from transformer.model.dropout import Dropout
 from transformer.model.layers import DecoderLayer, EncoderLayer, sinusoid_table
@@ -118,10 +118,11 @@ class Transformer(nn.Module):
                 vocabulary, or exceed max_positions.
         """
         self._check_ids(src_ids, "src_ids")
-        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src_ids, "src_ids")
+        src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        src_bias = key_bias(src_mask, _compute_dtype(x))  # once for every layer
         for layer in self.encoder_layers:
-            x = layer(x, src_mask)
+            x = layer(x, src_mask, src_bias)
         return self.encoder_norm(x)
 
     def decode(
@@ -213,9 +214,16 @@ class Transformer(nn.Module):
         src_mask = src_key_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
         memory = autocast_input(memory)  # once, not in every layer's k and v projections
         x = self._embed(self.tgt_embed, tgt_in_ids, "tgt_in_ids")
+        src_bias = key_bias(src_mask, _compute_dtype(x))  # the source's key padding, for SDPA
         for layer in self.decoder_layers:
-            x = layer(x, memory, tgt_mask, src_mask)
+            x = layer(x, memory, tgt_mask, src_mask, src_bias)
         return self.decoder_norm(x)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention scores take: autocast's where it is on, else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

@@ -1,11 +1,11 @@
 """Batches collated ahead of the step that needs them: `Prefetcher`, a background thread.
 
-Collating each batch in the main thread just before its step, and copying it
-synchronously, would keep the host from running ahead of the device. Here a thread collates
-the next batches into a bounded queue (it holds the GIL while it reads the rows, Python
-lists of ids, and numpy releases it only inside its vectorised copies: the collating
-overlaps the device's work, not the main thread's Python), pinned when the device is a GPU so that the loop's `Batch.to(device, non_blocking=True)`
-is an asynchronous copy.
+A thread collates the next batches into a bounded queue, pinned when the device is a GPU
+so that the loop's `Batch.to(device, non_blocking=True)` is an asynchronous copy. Each
+batch is gathered and padded from flat numpy arrays of the corpus' ids
+(`batching.TokenIds`, read once from the dataset's Arrow buffers): a few numpy array
+operations a batch, not Python lists built row by row, so the thread holds the GIL the
+training loop needs to launch kernels only briefly (docs/results.md, "Batch assembly").
 
 Exact resume does not depend on the thread: each item carries its own position (epoch,
 index), and the loop saves the position after the item it consumed, never how far the
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from transformer.data.batching import TokenBatchSampler, collate
+from transformer.data.batching import TokenBatchSampler, TokenIds
 
 # Seconds between the thread's looks at the stop flag while the queue is full.
 _POLL = 0.05
@@ -89,14 +89,13 @@ class Prefetcher:
         self.thread.join()
 
 
-def batch_stream(sampler: TokenBatchSampler, train_ids, tokenizer, epoch: int, start: int, pad_to_multiple: int,
-                 vocab_size: int) -> Iterator[tuple[int, int, Any]]:
+def batch_stream(sampler: TokenBatchSampler, train_ids: TokenIds, tokenizer, epoch: int, start: int,
+                 pad_to_multiple: int, vocab_size: int) -> Iterator[tuple[int, int, Any]]:
     """Endless (epoch, index, Batch) stream of `sampler`'s shard from batch `start` of
-    `epoch`, collated from `train_ids` (a dataset with `src_ids` and `tgt_ids`). Changes
-    no state: the prefetch thread runs it."""
+    `epoch`, collated from `train_ids`. Changes no state: the prefetch thread runs it."""
     while True:
         batches = sampler.batches(epoch)
         for index in range(start, len(batches)):
-            yield epoch, index, collate(train_ids[batches[index]], tokenizer.pad_id, tokenizer.bos_id,
-                                        tokenizer.eos_id, pad_to_multiple, vocab_size)
+            yield epoch, index, train_ids.collate_rows(batches.rows_of(index), tokenizer.pad_id, tokenizer.bos_id,
+                                                       tokenizer.eos_id, pad_to_multiple, vocab_size)
         epoch, start = epoch + 1, 0

@@ -27,13 +27,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
-from transformer.data.batching import Batch, TokenBatchSampler, token_lengths
+from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 from transformer.data.pipeline import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
 from transformer.training.distributed import DistInfo, any_rank, token_normaliser
+from transformer.training.forward import TrainForward
 from transformer.training.logbook import Logbook
-from transformer.training.loss import batch_loss
 from transformer.training.metrics import UpdateMeter
 from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged
 from transformer.training.optimizer import Update, build_optimizer, build_scheduler, schedule_at
@@ -66,9 +66,9 @@ class Trainer:
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
         self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
                                        self.scaler, owned, dist_info.is_main, optim=cfg.optim, pad_to_multiple=self.pad_to)
-        self.train_ids = data.train.select_columns(["src_ids", "tgt_ids"])
+        self.train_ids = TokenIds(data.train, model.cfg.vocab_size)  # numpy: batches built without the GIL
         self.sampler = TokenBatchSampler(
-            *token_lengths(self.train_ids), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
+            *self.train_ids.lengths(), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
@@ -81,11 +81,11 @@ class Trainer:
             data.devs, data.tokenizer, cfg.decode, cfg.optim.label_smoothing, self.tc.precision,
             device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_positions,
             after_batch=self.trim_heap)
-        self.net: torch.nn.Module = model  # what forward runs through: DDP and/or compiled
+        self.net: torch.nn.Module = model  # what forward runs through: the model, or DDP
         if dist.is_initialized():  # torchrun, one process or several
             self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if self.tc.compile:
-            self.net = torch.compile(self.net)
+        self.forward = TrainForward(model, self.net, self.tc.precision, device, self.tc.compile)
+        self.net = self.forward.net  # compiled under DDP
         run_dir = Path(self.tc.run_dir)
         self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
         self.signals = StopSignal(run_dir / "checkpoints")
@@ -229,9 +229,9 @@ class Trainer:
             sync = i == len(batches) - 1 or not isinstance(self.net, DistributedDataParallel)
             ctx = contextlib.nullcontext() if sync else self.net.no_sync()
             with ctx:
-                loss, nll = batch_loss(self.net, batch, self.cfg.optim.label_smoothing,
-                                       self.tc.precision, self.device)
+                loss, nll = self.forward(batch, self.cfg.optim.label_smoothing, first=i == 0)
                 self.scaler.scale(loss / norm).backward()
+            self.forward.after_backward(first=i == 0)
             loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll
         grad_norm, applied = self.update()
         self.state.step += 1  # as applied; `settle` takes a skipped one back

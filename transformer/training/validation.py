@@ -5,6 +5,10 @@ best checkpoint (BLEU only: the name-copy rate is reported, never selected on).
 With several dev sets (a mix of corpora, `data=europarl_tatoeba`), each is scored on its
 own and the selection score is the mean of their BLEU scores, so that no corpus wins
 checkpoint selection by its size. With one dev set it is that set's BLEU.
+
+The dev loss is computed as training computes its loss: the batches are collated once, at
+construction (numpy, `batching.TokenIds`; pinned on a GPU), copied `non_blocking`, and the
+sums stay on the device until one read per dev set.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sacrebleu
 import torch
 
 from transformer.config import ConfigError, DecodeConfig
-from transformer.data.batching import TokenBatchSampler, collate, token_lengths
+from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.name_copy import NameCopy, name_copy
 from transformer.decoding.text import translate_lines
@@ -59,9 +63,10 @@ class Validator:
         self.devs, self.tokenizer, self.decode = devs, tokenizer, decode
         self.after_batch = after_batch  # called after each batch (training: a HeapTrimmer)
         self.label_smoothing, self.precision, self.device = label_smoothing, precision, device
-        self.batches: dict[str, list[list[int]]] = {}
+        self.batches: dict[str, list[Batch]] = {}  # collated once, reused at every validation
         for name, dev in devs.items():
-            src_lens, tgt_lens = token_lengths(dev)
+            ids = TokenIds(dev, tokenizer.vocab_size)
+            src_lens, tgt_lens = ids.lengths()
             longest = int(max(src_lens.max(), tgt_lens.max())) + 1  # with BOS/EOS
             if longest > max_positions:
                 raise ConfigError(f"model.max_positions={max_positions}: the {name} dev set has a "
@@ -69,8 +74,10 @@ class Validator:
             if longest > max_tokens:
                 raise ConfigError(f"trainer.val_max_tokens={max_tokens}: the {name} dev set has a "
                                   f"pair of {longest} tokens with BOS/EOS; raise it")
-            sampler = TokenBatchSampler(src_lens, tgt_lens, max_tokens=max_tokens, seed=0, shuffle=False)
-            self.batches[name] = sampler.batches(0)
+            plan = TokenBatchSampler(src_lens, tgt_lens, max_tokens=max_tokens, seed=0, shuffle=False).batches(0)
+            batches = [ids.collate_rows(plan.rows_of(i), tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+                       for i in range(len(plan))]
+            self.batches[name] = [b.pin_memory() for b in batches] if device.type == "cuda" else batches
         self.bleu_index = {name: bleu_sample(len(dev), bleu_sentences) for name, dev in devs.items()}
 
     @torch.inference_mode()
@@ -87,14 +94,15 @@ class Validator:
 
     def _score(self, model: torch.nn.Module, name: str) -> DevResult:
         dev, tok = self.devs[name], self.tokenizer
-        loss_sum = nll_sum = n_tokens = 0.0
-        for idx in self.batches[name]:
-            batch = collate(dev[idx], tok.pad_id, tok.bos_id, tok.eos_id).to(self.device)
+        sums, n_tokens = torch.zeros(2, dtype=torch.float64, device=self.device), 0
+        for batch in self.batches[name]:
+            batch = batch.to(self.device, non_blocking=True)
             loss, nll = batch_loss(model, batch, self.label_smoothing, self.precision, self.device)
-            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+            sums += torch.stack([loss.double(), nll.double()])
             n_tokens += batch.n_tgt_tokens
             if self.after_batch is not None:
                 self.after_batch()
+        loss_sum, nll_sum = sums.tolist()  # the one read of the dev loss
         sample = dev.select(self.bleu_index[name])
         src, refs = list(sample["src"]), list(sample["tgt"])
         hyps = translate_lines(model, tok, src, self.decode, self.device, after_batch=self.after_batch)
