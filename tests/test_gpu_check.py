@@ -23,7 +23,7 @@ def test_the_cpu_mode_runs_every_step_and_writes_the_json(tmp_path):
     failed = {k: v.get("error") for k, v in report["steps"].items() if v["status"] != "passed"}
     assert proc.returncode == 0 and report["passed"], failed or proc.stderr[-2000:]
     steps = report["steps"]
-    assert list(steps) == ["device", "data", "tests", "bench", "train", "ddp", "decode"]
+    assert list(steps) == ["device", "data", "tests", "bench", "train", "ddp", "decode", "profile"]
     assert steps["device"]["matmul_tflops"]["fp32"] > 0
     assert {r["precision"] for r in steps["bench"]["results"]} == {"fp32", "bf16"}
     assert all(r["tokens_per_s"] > 0 and r["ratio"] > 0 for r in steps["bench"]["results"])
@@ -36,6 +36,11 @@ def test_the_cpu_mode_runs_every_step_and_writes_the_json(tmp_path):
     assert train["compare"]["fp32"]["max_rel_diff"] <= 0.03
     assert steps["ddp"]["backend"] == "gloo" and steps["ddp"]["resumed_to"] == 4
     assert steps["decode"]["cpu"]["sentences"] == 20
+    profile = steps["profile"]
+    for name, methods in (("tatoeba", ("beam", "greedy")), ("europarl", ("beam",))):
+        for method in methods:
+            batches = profile[name][method]["batches"]
+            assert batches and all(b["decoder_steps"] > 0 for b in batches), (name, method)
 
 
 def test_an_unknown_step_is_one_line_and_exit_2(tmp_path):
@@ -43,7 +48,7 @@ def test_an_unknown_step_is_one_line_and_exit_2(tmp_path):
                            "--steps", "device,warp"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gpu_check: --steps: unknown step 'warp'; choose from " \
-                                  "device, data, tests, bench, train, ddp, decode"
+                                  "device, data, tests, bench, train, ddp, decode, profile"
     assert not (tmp_path / "gpu_check.json").exists()  # refused before any work
 
 
@@ -83,3 +88,20 @@ def test_every_module_level_import_of_the_package_reaches_the_gpu_machine():
                 if top not in stdlib and top != "transformer" and top not in IMAGE_MODULES | PACKED_MODULES:
                     missing.setdefault(top, path.name)
     assert not missing, f"not on the GPU image nor in scripts/gpu/gpu_wheels.sh: {missing}"
+
+
+def test_the_quick_plan_fits_240_seconds_and_names_steps_of_the_table():
+    """--quick beside the recipe in one session's 15 minutes of GPU time: its step limits
+    add up to at most its 240 s deadline, each a step of the table, the profile last; the
+    full check's default steps still fill its 540 s without the profile."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import gpu_check
+
+    quick = gpu_check.QUICK
+    assert quick.deadline <= 240 and sum(quick.limits[s] for s in quick.steps) <= quick.deadline
+    assert set(quick.steps) <= set(gpu_check.STEPS) and quick.steps[-1] == "profile"
+    assert quick.bench_compile_models == ["base", "big"] and quick.compare_precisions == []
+    full = gpu_check.GPU
+    assert "profile" not in full.steps and sum(full.limits[s] for s in full.steps) == full.deadline

@@ -7,6 +7,8 @@ environment (docs/training.md, "Checking a GPU"):
     scripts/gpu_check.sh                   # on the GPU machine: $OUT/gpu_check.json and .log
     scripts/gpu_check.sh --cpu --out DIR   # the same steps at toy size on a CPU (CI)
     scripts/gpu_check.sh --steps train,decode   # some steps only (a rerun)
+    scripts/gpu_check.sh --quick           # at most 240 s: bench (eager and compiled), a
+                                           # short train, the decode profile
 
 scripts/gpu/harness.py runs the steps (the table STEPS at the end): each in its own
 process with its own time limit, so a hang costs that step's limit (and a 10 s grace from
@@ -35,6 +37,15 @@ Steps (GPU sizes; `--cpu` runs the same code on data/sample and the tiny model):
   decode  the trained model on the GPU: beam 5 and greedy on the tatoeba-test sentences,
           beam 5 on europarl-test's first 500 (sent/s), host reads per decoder step; beam 5
           on the CPU; BLEU on the shared sentences within 0.2
+  profile scripts/profile_decode.py on the trained model: per decoding batch, decoder
+          steps, ms and host ops a step, CUDA allocations and cudaMalloc retries, again
+          with expandable_segments (beam 5 and greedy on the tatoeba-test sentences, beam
+          5 on europarl-test's first 500). Not in the default run (its limits fill the
+          540 s); `--quick` and `--steps ...,profile` run it.
+
+`--quick` (the `QUICK` plan, 240 s): device, data, bench (base and big, eager and
+compiled), a 20-second train without the precision comparisons, and the profile: with a
+start, it fits beside the GPU recipe in one session's 15 minutes of GPU time.
 """
 
 from __future__ import annotations
@@ -85,6 +96,7 @@ class Plan:
     decode_cpu_sentences: int
     limits: dict[str, int] = field(default_factory=dict)  # seconds per step
     deadline: int = 450
+    steps: list[str] = field(default_factory=list)  # run when --steps is not given
     grace: int = 10  # seconds from a step's SIGTERM at its limit to SIGKILL
 
 
@@ -116,8 +128,10 @@ GPU = Plan(
     decode_cpu_sentences=500,
     # measured on an H200 (2026-11-26): device 9 s, data 29 s, tests ~40 s, bench ~110 s
     # for four eager rows, train 75 s + ~40 s of comparisons, ddp ~50 s (cut at 42 s)
-    limits={"device": 25, "data": 50, "tests": 60, "bench": 130, "train": 160, "ddp": 55, "decode": 60},
+    limits={"device": 25, "data": 50, "tests": 60, "bench": 130, "train": 160, "ddp": 55, "decode": 60,
+            "profile": 60},
     deadline=540,
+    steps=["device", "data", "tests", "bench", "train", "ddp", "decode"],
 )
 
 CPU = Plan(
@@ -144,8 +158,21 @@ CPU = Plan(
     decode_sentences=20,
     decode_cpu_sentences=20,
     # a shared 2-core CPU under load: two torchrun launches took over 60 s
-    limits={"device": 30, "data": 60, "tests": 60, "bench": 60, "train": 150, "ddp": 90, "decode": 40},
-    deadline=500,
+    limits={"device": 30, "data": 60, "tests": 60, "bench": 60, "train": 150, "ddp": 90, "decode": 40,
+            "profile": 40},
+    deadline=540,
+    steps=["device", "data", "tests", "bench", "train", "ddp", "decode", "profile"],
+)
+
+# At most 240 s: the bench's compiled rows are what is new to measure (a row that does not
+# fit what is left of the step's limit costs that row only), a model trained for 20 s is
+# enough for the decoder step's costs (its outputs run to their length limits: the worst
+# case), and the precision comparisons are the full check's.
+QUICK = replace(
+    GPU, bench_compile_models=["base", "big"], bench_steps=4, train_seconds=20, compare_steps=10,
+    compare_precisions=[], loss_points=[1, 10, 50, 100],
+    limits={"device": 25, "data": 45, "bench": 95, "train": 40, "profile": 35}, deadline=240,
+    steps=["device", "data", "bench", "train", "profile"],
 )
 
 
@@ -168,17 +195,18 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="toy sizes on the CPU (CI), no GPU needed")
     ap.add_argument("--deadline", type=int, default=None, help="seconds for the whole run")
     ap.add_argument("--train-seconds", type=float, default=None, help="the train step's training time")
+    ap.add_argument("--quick", action="store_true", help="the QUICK plan: at most 240 s on a GPU")
     HARNESS.add_arguments(ap)
     args = ap.parse_args()
     if args.step:
         return HARNESS.child(args.step, Path(args.work))
-    steps = HARNESS.chosen_steps(args.steps)
+    plan = CPU if args.cpu else QUICK if args.quick else GPU
+    steps = HARNESS.chosen_steps(args.steps or ",".join(plan.steps))
     if steps is None:
         return 2
     if not args.cpu and not cuda_available():
         print("gpu_check: no CUDA device here; run it on a GPU machine, or with --cpu", file=sys.stderr)
         return 2
-    plan = CPU if args.cpu else GPU
     plan = replace(plan, train_seconds=args.train_seconds or plan.train_seconds,
                    deadline=args.deadline or plan.deadline)
     out = Path(args.out)
@@ -372,7 +400,7 @@ def step_train(plan: Plan, work: Path, r: dict) -> dict:
                                    "loss_at_last": [round(loss[plan.compare_steps], 4),
                                                     round(theirs[plan.compare_steps], 4)]}
     r |= profile_updates(plan, work)
-    worst = max(c["max_rel_diff"] for c in r["compare"].values())
+    worst = max((c["max_rel_diff"] for c in r["compare"].values()), default=0.0)
     if worst > LOSS_RTOL:
         raise StepFailed(f"the first {plan.compare_steps} losses of the {r['precision']} run differ from "
                          f"another precision's by up to {worst:.1%} (tolerance {LOSS_RTOL:.0%})")
@@ -536,9 +564,38 @@ def count_host_reads(model, tokenizer, device, lines: list[str], *cfgs) -> dict:
     return out
 
 
+def step_profile(plan: Plan, work: Path, r: dict) -> dict:
+    """scripts/profile_decode.py on the train step's model: per decoding batch, decoder
+    steps, ms and host ops a step, and on CUDA the allocator's allocations and cudaMalloc
+    retries, again in a child under expandable_segments. Each profile's JSON is written
+    after every batch, so a step cut off keeps what it measured."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from profile_decode import profile
+
+    from transformer.data.corpus import read_lines
+
+    checkpoint = work / "train" / "checkpoints" / "best"
+    if not checkpoint.exists():
+        raise StepFailed(f"no trained checkpoint at {checkpoint}: the train step must run first")
+    src = read_lines(ROOT / plan.test_file)[: plan.decode_sentences]
+    prose_file = ROOT / Path(plan.test_file).parent / "europarl-test.it"
+    prose = read_lines(prose_file if prose_file.exists() else ROOT / plan.test_file)[: max(plan.decode_sentences // 4, 1)]
+    cuda = plan.device == "cuda"
+    for name, lines, methods in (("tatoeba", src, ("beam", "greedy")), ("europarl", prose, ("beam",))):
+        path = work / f"profile_{name}.json"
+        try:
+            r[name] = profile(str(checkpoint), lines, device=plan.device, methods=methods,
+                              json_path=path, expandable=cuda)
+        finally:  # what a cut-off profile measured: its JSON holds every batch done
+            if name not in r and path.exists():
+                r[name] = json.loads(path.read_text())
+        write_json(work / "profile.json", r)
+    return r
+
+
 # The step table, in run order: a step is a row here and a limit in each plan.
 STEPS = {"device": step_device, "data": step_data, "tests": step_tests, "bench": step_bench,
-         "train": step_train, "ddp": step_ddp, "decode": step_decode}
+         "train": step_train, "ddp": step_ddp, "decode": step_decode, "profile": step_profile}
 HARNESS = Harness("gpu_check", Path(__file__).resolve(), STEPS, Plan)
 
 if __name__ == "__main__":

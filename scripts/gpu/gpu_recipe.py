@@ -24,9 +24,10 @@ it trained.
             average on the first `dev_sentences` of each dev set: the better is evaluated
   evaluate  beam 5 on tatoeba-test, europarl-test and FLORES-200 devtest: BLEU, chrF, TER,
             names, sacrebleu signatures, sentences/s
-  export    mt-export quantization=int8 and the same three sets on the CPU (skipped where
-            ctranslate2 cannot be imported: its wheel does not travel with the corpus; a
-            skipped step is not passed, so such a run says FAILED until the second call)
+  export    mt-export quantization=int8 and the same three sets on the CPU: on a GPU not in
+            the first call (its ctranslate2 wheel does not travel with the corpus), but a
+            second's, `--steps export` (skipped where ctranslate2 cannot be imported; a
+            skipped step is not passed)
 """
 
 from __future__ import annotations
@@ -60,18 +61,22 @@ class Plan:
     overrides: list[str]  # mt-train overrides on top of the experiment
     train_seconds: float  # the recipe's training time (trainer.max_hours), at most
     train_overhead: int  # seconds the train step spends besides training: start, validation, checkpoints
-    after_train: int  # seconds kept for average, evaluate and export once training ends
+    after_train: int  # seconds kept for average and evaluate (and export) once training ends
     eval_sentences: int | None  # of each test set (None: all)
     dev_sentences: int  # of each dev set, greedy, to choose between the last and the average
     average_last: int
     limits: dict[str, int] = field(default_factory=dict)  # seconds per step, at most
     deadline: int = 540
     grace: int = 30  # seconds from a step's SIGTERM at its limit (mt-train saves and stops) to SIGKILL
+    # run when --steps is not given; on a GPU the export is a second call's (`--steps export`,
+    # with ctranslate2's wheel, which does not travel beside the corpus)
+    steps: list[str] = field(default_factory=lambda: ["data", "train", "average", "evaluate", "export"])
 
 
 GPU = Plan(device="cuda", data_root=".gpu/recipe/data", overrides=[], train_seconds=360, train_overhead=45,
            after_train=110, eval_sentences=None, dev_sentences=500, average_last=5,
-           limits={"data": 150, "train": 480, "average": 60, "evaluate": 150, "export": 150}, deadline=480)
+           limits={"data": 150, "train": 480, "average": 60, "evaluate": 150, "export": 150}, deadline=480,
+           steps=["data", "train", "average", "evaluate"])
 
 CPU = Plan(device="cpu", data_root="", train_seconds=60, train_overhead=30, after_train=60, eval_sentences=20,
            dev_sentences=10, average_last=3,
@@ -100,10 +105,10 @@ def main() -> int:
         return write_vocabulary(Path(args.vocab), args.overrides)
     if args.step:
         return HARNESS.child(args.step, Path(args.work))
-    steps = HARNESS.chosen_steps(args.steps)
+    plan = plan_for(args)
+    steps = HARNESS.chosen_steps(args.steps or ",".join(plan.steps))
     if steps is None:
         return 2
-    plan = plan_for(args)
     if not (ROOT / plan.data_root).is_dir() and not (args.cpu and not args.data):
         print(f"gpu_recipe: {plan.data_root} not found: run scripts/gpu_recipe.sh --pack first "
               "and carry .gpu/recipe", file=sys.stderr)

@@ -66,8 +66,8 @@ class Harness:
         """The flags every GPU script has: --out, --steps and the child's --step, --work."""
         ap.add_argument("--out", default=os.environ.get("OUT") or f"{self.name}_out",
                         help=f"where {self.name}.json and {self.name}.log go (default $OUT)")
-        ap.add_argument("--steps", default=",".join(self.steps),
-                        help=f"a comma-separated subset of {','.join(self.steps)}")
+        ap.add_argument("--steps", default=None,
+                        help=f"a comma-separated subset of {','.join(self.steps)} (default: the plan's)")
         ap.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step in this process
         ap.add_argument("--work", help=argparse.SUPPRESS)
 
