@@ -495,7 +495,7 @@ def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
     if page.name == "decoding.md":  # and #59's features
         for needed in ("t.token_scores", "return_attention=True", "return_tokens=True",
                        "target_prefix=", "no_repeat_ngram_size=", "max_batch_size=",
-                       "ThreadPoolExecutor"):
+                       "ThreadPoolExecutor", "dtype="):
             assert needed in code, f"{page.name} shows no {needed}"
     code, n = re.subn(r'"runs/\w+/checkpoints/best"', repr(str(words)), code)
     assert n == 1
