@@ -184,6 +184,11 @@ def test_batches_from_arrow_buffers_refuse_ids_outside_the_vocabulary() -> None:
     ids = TokenIds(datasets.Dataset.from_dict({"src_ids": [[5, 400]], "tgt_ids": [[6]]}), vocab_size=1000)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         ids.collate_rows(np.array([0]), PAD_ID, BOS_ID, EOS_ID, vocab_size=300)
+    # ids past the narrow storage type (int16 for this vocabulary) are not wrapped into it
+    wide = TokenIds(datasets.Dataset.from_dict({"src_ids": [[5]], "tgt_ids": [[65_536 + 6]]}),
+                    vocab_size=300)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        wide.collate_rows(np.array([0]), PAD_ID, BOS_ID, EOS_ID, vocab_size=300)
 
 
 def test_length_batches_respect_max_tokens_and_cover_every_line():

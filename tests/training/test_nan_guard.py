@@ -201,3 +201,27 @@ def test_a_second_signal_ends_the_process_at_once_leaving_the_checkpoints(tmp_pa
     assert "second SIGTERM: stopping now without saving" in err
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == before == ["step_5"]
     ckpt.load_model(tmp_path / "run" / "checkpoints" / "step_5")
+
+
+def test_a_fresh_models_loss_is_not_divergence_even_above_three_ln_v():
+    # a vocabulary of 8 and d_model 1024: the tied embeddings make a fresh model's logits
+    # far from uniform, its loss above 3 ln 8 = 6.24 at the first update
+    from transformer.config import ModelConfig
+    from transformer.model.transformer import build_model
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=8, d_model=1024, n_heads=4, d_ff=64, n_encoder_layers=1,
+                                    n_decoder_layers=1, dropout=0.0, attn_dropout=0.0, ffn_dropout=0.0))
+    gen = torch.Generator().manual_seed(0)
+    src, tgt_in, tgt_out = (torch.randint(4, 8, (16, 10), generator=gen) for _ in range(3))
+    with torch.no_grad():
+        loss_sum = torch.nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten(),
+                                                     reduction="sum")
+    tokens = tgt_out.numel()
+    assert loss_sum / tokens > 3 * math.log(8)  # the case this test is about
+    guard = DivergenceGuard(5, OptimConfig(), "fp32", vocab_size=8)
+    reading = {"loss_sum": loss_sum.item(), "tokens": tokens, "worst_streak": 0.0,
+               "bad_loss": math.nan, "bad_grad_norm": math.nan}
+    guard.first_update(loss_sum, tokens)
+    guard.check(1, reading)  # the loss the run starts from
+    with pytest.raises(TrainingDiverged, match=r"the first update's \(\d"):  # exploded: still refused
+        guard.check(2, {**reading, "loss_sum": 1e4 * tokens})

@@ -153,7 +153,7 @@ class TokenIds:
     so that a batch is gathered and padded by numpy array operations (`collate_rows`)
     rather than built from Python lists by `datasets` row by row, which holds the GIL the
     training loop needs to launch kernels. The ids are stored in the smallest integer type
-    that holds the vocabulary (2 bytes a token below 32,768 ids).
+    that holds the vocabulary (2 bytes a token below 32,768 ids) and every stored id.
     """
 
     def __init__(self, dataset, vocab_size: int) -> None:
@@ -164,7 +164,11 @@ class TokenIds:
     @staticmethod
     def _flat(column, dtype) -> tuple[np.ndarray, np.ndarray]:
         chunks = [c for c in column.chunks if len(c)]
-        values = [c.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False) for c in chunks]
+        values = [c.flatten().to_numpy(zero_copy_only=False) for c in chunks]
+        limits = np.iinfo(dtype)
+        if any(v.size and (v.min() < limits.min or v.max() > limits.max) for v in values):
+            dtype = np.int64  # ids `dtype` cannot hold (a damaged cache): kept, for collate's vocabulary check
+        values = [v.astype(dtype, copy=False) for v in values]
         lens = [pc.list_value_length(c).to_numpy(zero_copy_only=False) for c in chunks]
         lens = np.concatenate(lens).astype(np.int64) if lens else np.zeros(0, np.int64)
         flat = np.concatenate(values) if values else np.zeros(0, dtype)

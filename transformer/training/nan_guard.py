@@ -26,10 +26,11 @@ from transformer.errors import UserError
 # how GradScaler finds its range. Below this scale (fairseq's --min-loss-scale), the
 # gradients overflow without any scaling: those skips count as divergence.
 FP16_MIN_SCALE = 1e-4
-# A mean loss per token above this many times a uniform guess's (ln V, where a fresh model
-# starts) is a run that has exploded while still finite (lr 50: losses of 1e4 to 1e11):
-# no lower lr brings such weights back, so they must not become the checkpoint a resume
-# continues from.
+# A mean loss per token above this many times the larger of a uniform guess's (ln V) and
+# the run's first update's (a fresh model's logits are not uniform: with a vocabulary of 8
+# and d_model 1024 it starts above 3 ln V) is a run that has exploded while still finite
+# (lr 50: losses of 1e4 to 1e11): no lower lr brings such weights back, so they must not
+# become the checkpoint a resume continues from.
 EXPLODED = 3.0
 
 
@@ -57,6 +58,15 @@ class DivergenceGuard:
         self.limit, self.optim, self.precision = limit, optim, precision
         self.max_loss = EXPLODED * math.log(vocab_size) if vocab_size and vocab_size > 1 else math.inf
         self.vocab_size = vocab_size
+        self.first: tuple[torch.Tensor, int] | None = None  # the first update's (loss_sum, tokens)
+        self.first_loss: float | None = None  # per token, once read
+
+    def first_update(self, loss_sum: torch.Tensor, tokens: int) -> None:
+        """Each update's summed loss (a device tensor, not read here) and tokens: the first
+        of this process, computed with the weights the run starts from, raises the limit of
+        `check` where that loss is above ln V."""
+        if self.first is None and self.first_loss is None:
+            self.first = (loss_sum.detach(), tokens)
 
     def counts(self, applied: torch.Tensor, loss_scale: torch.Tensor | None) -> torch.Tensor:
         """Whether an update counts toward divergence (a device bool): it was skipped and,
@@ -71,12 +81,19 @@ class DivergenceGuard:
         """After a read of the trainer's meter: `step` is the number of updates applied,
         `reading` the meter's (`worst_streak`, the last skipped update's `bad_loss` and
         `bad_grad_norm`; `loss_sum` and `tokens` of the finite losses since the last read)."""
+        if self.first is not None:  # read once, with the meter's read
+            loss, tokens = self.first
+            self.first, self.first_loss = None, float(loss) / tokens if tokens else 0.0
+            if math.isfinite(self.first_loss):
+                self.max_loss = max(self.max_loss, EXPLODED * self.first_loss)
         mean_loss = reading["loss_sum"] / reading["tokens"] if reading["tokens"] else 0.0
         if mean_loss > self.max_loss:
             raise TrainingDiverged(
                 f"training diverged by update {step}: the loss is {mean_loss:.4g} per token, over "
                 f"{EXPLODED:g} times a uniform guess's (ln {self.vocab_size} = "
-                f"{math.log(self.vocab_size):.2f}); {self.advice()}")
+                f"{math.log(self.vocab_size):.2f})"
+                + (f" and the first update's ({self.first_loss:.2f})" if self.first_loss is not None else "")
+                + f"; {self.advice()}")
         in_a_row = int(reading["worst_streak"])
         if in_a_row >= self.limit:
             loss, norm = reading["bad_loss"], reading["bad_grad_norm"]

@@ -239,6 +239,7 @@ class Trainer:
                    "applied": applied, "tokens": n_tokens}
         scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
         self.meter.add(metrics, self.guard.counts(applied, scale))
+        self.guard.first_update(loss_sum, n_tokens)
         return metrics
 
     def validate(self) -> dict[str, DevResult]:
