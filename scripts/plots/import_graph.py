@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "transformer.atomic_files": 0,
     "transformer.model": 1,       # the network: masks, attention, layers, the Transformer
     "transformer.data": 1,        # corpora to batches: reading, cleaning, encoding, tokenizer
+    "transformer.metrics": 1,     # scoring translations: the name-copy rate beside sacrebleu's
     "transformer.checkpoint": 2,  # a model and its tokenizer on disk
     "transformer.decoding": 3,    # search, text in and text out, a CTranslate2 model, Translator
     "transformer.training": 4,    # the loop, validation, loss, optimizer, run directory, sweeps

@@ -24,8 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer import checkpoint as ckpt
 from transformer import device as device_module
-from transformer.decoding.name_copy import NameCopy
 from transformer.device import HostReads
+from transformer.metrics.name_copy import NameCopy
 from transformer.model import dropout as dropout_module
 from transformer.model.attention import set_attention_path
 from transformer.training.loss import batch_loss

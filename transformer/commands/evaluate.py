@@ -1,5 +1,5 @@
 """`mt-evaluate`: translate a test set and score it with sacrebleu (BLEU, chrF, TER) and
-the name-copy rate (`transformer.decoding.name_copy`).
+the name-copy rate (`transformer.metrics.name_copy`).
 
     mt-evaluate checkpoint=runs/tatoeba_cpu/checkpoints/best test_set=tatoeba-test
     mt-evaluate checkpoint=CKPT test_set=flores200-devtest decode=greedy
@@ -43,8 +43,8 @@ from transformer.config import (
 )
 from transformer.data.corpus import DataError
 from transformer.data.pipeline import load_test_set
-from transformer.decoding.name_copy import SIGNATURE, name_copy
 from transformer.decoding.text import decode_settings, load_for_inference, translate_lines
+from transformer.metrics.name_copy import SIGNATURE, name_copy
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ translations), `tokens.py` (token scores and attention of chosen translations, b
 teacher forcing) and `arguments.py` (its keywords checked, errors naming them);
 `constraints.py` a forced target prefix and no repeated n-grams, applied to a search
 step's logits;
-`name_copy.py` the name-copy rate that mt-evaluate and validation report;
 `batch_memory.py` a decoding batch's memory estimate, which refuses one that would not fit.
 
 May import: the top-level modules, `transformer.model`, `transformer.data`; never training,
