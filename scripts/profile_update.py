@@ -65,8 +65,8 @@ def drive(trainer, batches: list[list]) -> None:
     """Updates as `fit` makes them: each, then a read of the meter when due (this code)."""
     for micro in batches:
         trainer.train_step(micro)
-        if hasattr(trainer, "settle") and trainer._due():
-            trainer.settle()
+        if hasattr(trainer, "read_and_recount") and trainer._due():
+            trainer.read_and_recount()
 
 
 def busy_fraction(events, wall_us: float) -> float:

@@ -178,7 +178,7 @@ def test_fp16_step_with_an_inf_gradient_is_skipped_and_the_scale_lowered(tmp_pat
     handle = trainer.model.src_embed.weight.register_hook(lambda g: g * float("inf"))
     assert trainer.train_step(batches)["applied"] == 0.0
     handle.remove()
-    trainer.settle()  # the host learns of the skip when it reads the update metrics
+    trainer.read_and_recount()  # the host learns of the skip when it reads the update metrics
     assert trainer.scaler.get_scale() < scale and trainer.state.skipped_steps == 1
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(v, before[k]), k

@@ -20,6 +20,7 @@ import pytest
 from transformer import outputs
 from transformer.commands import average, evaluate, prepare, train, translate
 from transformer.commands import masks as masks_cli
+from transformer.errors import ConfigError, UserError
 from transformer.outputs import Output, OutputError
 
 from helpers import SAMPLE, tiny_checkpoint
@@ -360,26 +361,6 @@ def test_mt_train_refuses_a_run_directory_it_cannot_make_in_one_line(home, monke
 # --- the rule itself ------------------------------------------------------------------
 
 
-def test_a_failure_while_writing_leaves_the_earlier_output_whole(tmp_path):
-    out = Output.of(tmp_path / "out.en", "output", "mt-translate", force=True)
-    outputs.write_text(out, "first\n")
-    with pytest.raises(RuntimeError, match="crash"), outputs.write_file(out) as tmp:
-        tmp.write_text("half")
-        raise RuntimeError("crash")
-    assert (tmp_path / "out.en").read_text() == "first\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".mt-outputs.json", "out.en"]
-    folder = Output.of(tmp_path / "avg", "-o", "mt-average", is_dir=True, force=True)
-    with outputs.write_dir(folder) as tmp:
-        tmp.mkdir()
-        (tmp / "a").write_text("first")
-    with pytest.raises(RuntimeError, match="crash"), outputs.write_dir(folder) as tmp:
-        tmp.mkdir()
-        (tmp / "a").write_text("second")
-        raise RuntimeError("crash")
-    assert (tmp_path / "avg" / "a").read_text() == "first"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".mt-outputs.json", "avg", "out.en"]
-
-
 def test_an_empty_directory_may_be_written_and_a_symlink_never(tmp_path):
     (tmp_path / "empty").mkdir()
     outputs.check(Output.of(tmp_path / "empty", "-o", "mt-average", is_dir=True))
@@ -388,23 +369,8 @@ def test_an_empty_directory_may_be_written_and_a_symlink_never(tmp_path):
         outputs.check(Output.of(tmp_path / "link", "-o", "mt-average", is_dir=True))
 
 
-def test_a_users_files_named_like_the_temporary_siblings_survive_a_write(tmp_path):
-    """The temporary and set-aside names (`NAME.tmp-PID`, `NAME.old-PID`) are chosen free:
-    a file of the user's that happens to bear one is never removed or replaced."""
-    import os
-
-    pid = os.getpid()
-    out = Output.of(tmp_path / "out.en", "output", "mt-translate", force=True)
-    folder = Output.of(tmp_path / "avg", "-o", "mt-average", is_dir=True, force=True)
-    theirs = {tmp_path / f".out.tmp-{pid}.en": "a", tmp_path / f"out.en.old-{pid}": "b",
-              tmp_path / f"avg.tmp-{pid}": "c", tmp_path / f"avg.old-{pid}": "d"}
-    for path, text in theirs.items():
-        path.write_text(text)
-    for text in ("first\n", "second\n"):  # the second replaces the first: a set-aside name too
-        outputs.write_text(out, text)
-        with outputs.write_dir(folder) as tmp:
-            tmp.mkdir()
-            (tmp / "w.txt").write_text(text)
-    assert (tmp_path / "out.en").read_text() == "second\n"
-    assert (tmp_path / "avg" / "w.txt").read_text() == "second\n"
-    assert {p: p.read_text() for p in theirs} == theirs
+def test_a_refused_output_is_a_users_mistake_but_not_a_bad_setting():
+    """The setting is valid; the place it names is taken: one line from the commands
+    (`UserError`), and no `except ConfigError`/`ValueError` takes it for a bad value."""
+    assert issubclass(OutputError, UserError)
+    assert not issubclass(OutputError, (ConfigError, ValueError))

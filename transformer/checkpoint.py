@@ -104,7 +104,7 @@ def write_checkpoint_files(
     trainer_state: dict[str, Any] | None = None,
 ) -> None:
     """A checkpoint's files in `folder` (made, with its parents), not atomically: callers
-    write into a temporary folder and rename it (`save_checkpoint`, `outputs.write_dir`)."""
+    write into a temporary folder and rename it (`save_checkpoint`, `atomic_files.write_dir`)."""
     folder.mkdir(parents=True)
     save_safetensors(model, str(folder / WEIGHTS))  # handles the tied embedding matrices
     (folder / MODEL_CFG).write_text(json.dumps(asdict(model.cfg), indent=2))

@@ -19,39 +19,33 @@ naming the key the user typed:
   write), but for a checkpoint (mt-average's) put directly in a run's checkpoints folder
   under a name mt-train neither writes (`best`, `step_N`) nor tidies (`NAME.tmp-N`, `NAME.old-N`);
 - a path under a file, or under a folder that cannot be written.
-Then `write_dir` and `write_file` write to a temporary sibling (`NAME.tmp-PID`, a name
-nothing holds yet) that is renamed into place only when complete; an earlier output being
-replaced is moved to a free `NAME.old-PID` first and deleted last, so a failure or Ctrl-C
-leaves it whole, and no name the command did not make is ever removed.
+Then the command writes the output with `atomic_files` (`write_dir`, `write_file`,
+`write_text`), which checks it again, records it in its marker and renames it into place.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import re
-import shutil
-import tempfile
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer.atomic_files import DIR_MARKER, FILE_MARKERS, file_sha256, read_json, text_sha256
 from transformer.config import ConfigError
-from transformer.errors import writing
+from transformer.errors import UserError
 
 # The names mt-train gives in a run's checkpoints folder: `step_N` (and `best`), and while
 # writing one, `NAME.tmp-PID` and `NAME.old-PID`, which a resume tidies (checkpoint.py)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 LEFTOVER = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
-DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
-FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
 
 
-class OutputError(ConfigError):
-    """An output that may not be written where the user asked; the message names the key."""
+class OutputError(UserError):
+    """An output that may not be written where the user asked; the message names the key.
+
+    A `UserError` (one line from the commands), not a `ConfigError`: the setting is valid,
+    the place it names is taken."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +77,11 @@ class Output:
         """How the user asks to replace: `--force` (argparse) or `force=true` (Hydra)."""
         return "--force" if self.key.startswith("-") else "force=true"
 
+    def recheck(self) -> None:
+        """`check` again, inputs aside: what the writers (`atomic_files`) do just before
+        they put the output in place, as something may have appeared meanwhile."""
+        check(self)
+
     def refuse(self, why: str) -> OutputError:
         setting = f"{self.key} {self.value}" if self.key.startswith("-") else f"{self.key}={self.value}"
         shown = "" if str(self.path) == self.value else f"{self.path} "
@@ -102,7 +101,7 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
         raise out.refuse("is a symbolic link: not replacing it")
     if out.is_dir and out.path.is_dir() and not any(out.path.iterdir()):
         return  # an empty directory holds nothing to lose
-    if same_as is not None and out.path.is_file() and _sha256(out.path) == _text_sha256(same_as):
+    if same_as is not None and out.path.is_file() and file_sha256(out.path) == text_sha256(same_as):
         return  # it holds what would be written: nothing to lose
     kind = "directory" if out.is_dir else "file"
     if out.is_dir != out.path.is_dir():
@@ -167,15 +166,15 @@ def owned(out: Output) -> bool:
         if _marked_files(out) is not None:
             return True
         return out.owned_before is not None and out.owned_before(out.path)
-    entry = _read_json(out.path.parent / FILE_MARKERS).get(out.path.name, {})
-    return entry.get("command") == out.command and entry.get("sha256") == _sha256(out.path)
+    entry = read_json(out.path.parent / FILE_MARKERS).get(out.path.name, {})
+    return entry.get("command") == out.command and entry.get("sha256") == file_sha256(out.path)
 
 
 def _foreign_entries(out: Output) -> list[str]:
     """The entries of a directory the command marked as its own that its marker does not
     list (a user's file put there since); [] for a directory without its marker. A marker
     that lists nothing (no `files`, as none our commands ever wrote) licenses nothing."""
-    marker = _read_json(out.path / DIR_MARKER)
+    marker = read_json(out.path / DIR_MARKER)
     if marker.get("command") != out.command:
         return []
     listed = _marked_files(out) or []
@@ -185,7 +184,7 @@ def _foreign_entries(out: Output) -> list[str]:
 def _marked_files(out: Output) -> list[str] | None:
     """The names the directory's marker says `out.command` wrote there; None unless the
     marker is the command's and lists them (every marker written since markers exist does)."""
-    marker = _read_json(out.path / DIR_MARKER)
+    marker = read_json(out.path / DIR_MARKER)
     files = marker.get("files")
     if marker.get("command") != out.command or not isinstance(files, list) \
             or not all(isinstance(f, str) for f in files):
@@ -275,134 +274,3 @@ def _check_parent(out: Output) -> None:
         raise out.refuse(f"cannot be made: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise out.refuse(f"cannot be written: no permission to write in {parent}")
-
-
-# --- writing ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def write_dir(out: Output) -> Iterator[Path]:
-    """Yield a temporary sibling path (not yet made) to fill; when the block ends without
-    an error, mark it as `out.command`'s and put it in place of `out.path`."""
-    tmp = _free_sibling(out.path, f"{out.path.name}.tmp-{os.getpid()}")
-    try:
-        with writing(out.path, out.key):  # a full disk: one line naming the output
-            _make_parents(out)
-            yield tmp
-            tmp.mkdir(exist_ok=True)
-            marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
-            (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
-            check(out)  # again: something may have appeared meanwhile
-            _swap(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def write_file(out: Output) -> Iterator[Path]:
-    """Yield a temporary sibling path (same suffix) to write; when the block ends without
-    an error, record it in the folder's marker and put it in place of `out.path`."""
-    tmp = _free_sibling(out.path, f".{out.path.stem}.tmp-{os.getpid()}", out.path.suffix)
-    try:
-        with writing(out.path, out.key):
-            _make_parents(out)
-            yield tmp
-            check(out)
-            # recorded before it is put in place: a marker that cannot be written (a full
-            # disk) leaves no output behind that the next run would take for a user's file
-            _record(out.path, {"command": out.command, "sha256": _sha256(tmp)})
-            _swap(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_text(out: Output, text: str) -> Path:
-    """`text` (UTF-8) written to `out` as `write_file` does (a file that holds exactly
-    `text` already is left as it is); returns the path."""
-    if out.path.is_file() and not out.path.is_symlink() and _sha256(out.path) == _text_sha256(text):
-        return out.path
-    with write_file(out) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return out.path
-
-
-def _free_sibling(path: Path, stem: str, suffix: str = "") -> Path:
-    """A name beside `path` that nothing holds now: `stem+suffix`, else `stem.N+suffix`
-    (a user's file that happens to bear the first name is never touched)."""
-    candidate, n = path.with_name(stem + suffix), 1
-    while candidate.exists() or candidate.is_symlink():
-        candidate, n = path.with_name(f"{stem}.{n}{suffix}"), n + 1
-    return candidate
-
-
-def _make_parents(out: Output) -> None:
-    out.path.parent.mkdir(parents=True, exist_ok=True)
-
-
-def _swap(tmp: Path, out: Output) -> None:
-    """Rename tmp to out.path; what was there (checked: ours, or empty) is moved aside first
-    and deleted last."""
-    old = _free_sibling(out.path, f"{out.path.name}.old-{os.getpid()}")
-    if out.path.exists():
-        out.path.rename(old)
-    tmp.rename(out.path)
-    if old.is_dir():
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        old.unlink(missing_ok=True)
-
-
-def _record(path: Path, entry: dict) -> None:
-    """Note in the folder's marker that `path` is the command's; written atomically."""
-    markers = path.parent / FILE_MARKERS
-    known = _read_json(markers)
-    known[path.name] = entry
-    tmp = _free_sibling(markers, f"{markers.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-        tmp.replace(markers)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):  # none, unreadable or damaged: nothing is known to be ours
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
-def _text_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so concurrent ranks never read half a file.
-
-    For the files the package writes for itself (a tokenizer model, the prepared-data
-    cache's notes), which `check` does not guard; a command's outputs go by `write_file`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

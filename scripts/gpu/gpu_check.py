@@ -468,7 +468,8 @@ def step_decode(plan: Plan, work: Path, r: dict) -> dict:
     from transformer.config import DecodeConfig
     from transformer.data.corpus import read_lines
     from transformer.decoding import search as search_module
-    from transformer.decoding.text import decode_settings, load_for_inference, translate_nbest
+    from transformer.decoding.settings import decode_settings
+    from transformer.decoding.text import load_for_inference, translate_nbest
 
     checkpoint = work / "train" / "checkpoints" / "best"
     if not checkpoint.exists():

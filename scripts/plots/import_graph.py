@@ -30,11 +30,14 @@ PACKAGE = "transformer"
 # Lowest first. A subpackage's modules and the top-level modules named here share the
 # layer's rank; a module may import from any layer of lower or equal rank.
 LAYERS: dict[str, int] = {
-    # the few modules every layer uses: errors, bounds, paths, settings, device, the output rule
+    # the few modules every layer uses: errors, bounds, paths, settings, device, the output
+    # rule and its atomic writers
     "transformer.errors": 0, "transformer.bounds": 0, "transformer.paths": 0,
     "transformer.config": 0, "transformer.device": 0, "transformer.outputs": 0,
+    "transformer.atomic_files": 0,
     "transformer.model": 1,       # the network: masks, attention, layers, the Transformer
     "transformer.data": 1,        # corpora to batches: reading, cleaning, encoding, tokenizer
+    "transformer.metrics": 1,     # scoring translations: the name-copy rate beside sacrebleu's
     "transformer.checkpoint": 2,  # a model and its tokenizer on disk
     "transformer.decoding": 3,    # search, text in and text out, a CTranslate2 model, Translator
     "transformer.training": 4,    # the loop, validation, loss, optimizer, run directory, sweeps

@@ -11,7 +11,7 @@ import pytest
 
 from transformer.commands import evaluate
 from transformer.data.corpus import read_lines
-from transformer.decoding.name_copy import SIGNATURE
+from transformer.metrics.name_copy import SIGNATURE
 from transformer.paths import PROJECT_ROOT
 
 from helpers import tiny_checkpoint

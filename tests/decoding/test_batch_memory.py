@@ -11,7 +11,7 @@ import torch
 from transformer import bounds
 from transformer.checkpoint import load_model
 from transformer.config import ConfigError, DecodeConfig, ModelConfig
-from transformer.decoding import batch_memory
+from transformer.decoding import batch_memory, settings
 from transformer.decoding import text as decoding
 
 from helpers import tiny_checkpoint
@@ -65,11 +65,11 @@ def test_decode_settings_size_the_batch_to_the_gpu_only_when_max_tokens_is_null(
     class Model:  # what decode_settings reads of our model: its config
         cfg = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6, max_positions=256)
 
-    monkeypatch.setattr(decoding, "available_memory", lambda device: 200 * 10**9)
+    monkeypatch.setattr(settings, "available_memory", lambda device: 200 * 10**9)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     cfg = DecodeConfig(precision="fp16")
-    assert decoding.decode_settings(cfg, cuda, Model()).max_tokens == 64000
-    assert decoding.decode_settings(cfg, cuda).max_tokens == 8000  # no model to size it for
-    assert decoding.decode_settings(DecodeConfig(max_tokens=3000, precision="fp16"), cuda,
+    assert settings.decode_settings(cfg, cuda, Model()).max_tokens == 64000
+    assert settings.decode_settings(cfg, cuda).max_tokens == 8000  # no model to size it for
+    assert settings.decode_settings(DecodeConfig(max_tokens=3000, precision="fp16"), cuda,
                                     Model()).max_tokens == 3000
-    assert decoding.decode_settings(DecodeConfig(precision="fp32"), cpu, Model()).max_tokens == 2000
+    assert settings.decode_settings(DecodeConfig(precision="fp32"), cpu, Model()).max_tokens == 2000

@@ -11,7 +11,8 @@ from transformer.config import DecodeConfig
 from transformer.data.batching import pad
 from transformer.decoding.scoring import score_lines, unit_scores
 from transformer.decoding.search import search
-from transformer.decoding.text import _inference_mode, decode_settings
+from transformer.decoding.settings import decode_settings
+from transformer.decoding.text import _inference_mode
 
 from helpers import FAST, LINES
 

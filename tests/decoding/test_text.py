@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-import torch
-
-from transformer import device as device_module
 from transformer.config import DecodeConfig
 from transformer.decoding import text as decoding
 
@@ -44,22 +40,3 @@ def test_too_long_input_is_translated_in_pieces_with_a_warning(loaded, caplog):
         out = decoding.translate_lines(model, tokenizer, [long_line], DecodeConfig(**FAST))
     assert len(out) == 1 and out[0]
     assert "1 input line(s) hold a sentence longer than the model's limit of 32 tokens" in caplog.text
-
-
-def test_decode_defaults_depend_on_the_device(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")  # no CUDA needed: capabilities mocked
-    monkeypatch.setattr(device_module, "cpu_bf16_support", lambda: (False, "AVX2 only"))
-    monkeypatch.setattr(device_module, "cuda_bf16_support", lambda device: (True, "a GPU"))
-    settings = decoding.decode_settings
-    assert settings(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="fp32")
-    assert settings(DecodeConfig(), cuda) == DecodeConfig(max_tokens=8000, precision="bf16")
-    monkeypatch.setattr(device_module, "cpu_bf16_support", lambda: (True, "AVX512-BF16"))
-    assert settings(DecodeConfig(), cpu) == DecodeConfig(max_tokens=2000, precision="bf16")
-    monkeypatch.setattr(device_module, "cuda_bf16_support", lambda device: (False, "an old GPU"))
-    assert settings(DecodeConfig(), cuda).precision == "fp16"
-    given = DecodeConfig(max_tokens=123, precision="fp32")
-    assert settings(given, cuda) == given
-    with pytest.raises(ValueError, match=r"decode.max_tokens=0: must be >= 1 \(or null\)"):
-        settings(DecodeConfig(max_tokens=0), cpu)
-    with pytest.raises(ValueError, match=r"decode.precision=fp16 needs CUDA"):
-        settings(DecodeConfig(precision="fp16"), cpu)

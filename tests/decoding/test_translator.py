@@ -28,6 +28,7 @@ from transformer.commands import translate
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.corpus import read_lines
 from transformer.data.sentences import split_sentences
+from transformer.decoding import settings
 from transformer.decoding import text as text_module
 from transformer.errors import UserError
 from transformer.paths import PROJECT_ROOT
@@ -558,13 +559,13 @@ def test_the_gpu_batch_size_is_resolved_once_per_translator(words, monkeypatch):
     """On CUDA a null max_tokens is sized to the free memory when the Translator is made;
     a call never sizes it again (the free memory mocked, as test_batch_memory.py does)."""
     model, tokenizer = load_model(words)
-    monkeypatch.setattr(text_module, "available_memory", lambda device: 200 * 10**9)
+    monkeypatch.setattr(settings, "available_memory", lambda device: 200 * 10**9)
     translator = Translator(model, tokenizer, device="cuda", decode=DecodeConfig(precision="fp16"))
     resolved = translator.decode.max_tokens
-    assert resolved > text_module.CUDA_MAX_TOKENS
-    monkeypatch.setattr(text_module, "available_memory", lambda device: 10**9)  # memory taken
+    assert resolved > settings.CUDA_MAX_TOKENS
+    monkeypatch.setattr(settings, "available_memory", lambda device: 10**9)  # memory taken
     for call in ({}, {"beam_size": 8}):
-        cfg = text_module.decode_settings(translator._config(call, None), torch.device("cuda"), model)
+        cfg = settings.decode_settings(translator._config(call, None), torch.device("cuda"), model)
         assert cfg.max_tokens == resolved
     assert translator._config({"max_tokens": 3000}, None).max_tokens == 3000  # per call when given
 

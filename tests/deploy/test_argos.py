@@ -17,6 +17,7 @@ from transformer.commands.export import export
 from transformer.config import ConfigError, to_dataclass
 from transformer.deploy import argos
 from transformer.deploy.ct2_export import ExportConfig
+from transformer.outputs import OutputError
 
 from helpers import tiny_checkpoint
 
@@ -103,10 +104,10 @@ def test_output_is_replaced_only_with_force_and_only_if_mt_export_wrote_it(expor
     out = tmp_path / "m.argosmodel"
     out.write_bytes(b"not a zip")
     cfg = ExportConfig(checkpoint=str(ckpt), output=str(out), format="argos")
-    with pytest.raises(ConfigError, match="not an output of mt-export"):
+    with pytest.raises(OutputError, match="not an output of mt-export"):
         export(cfg)
     cfg.force = True
-    with pytest.raises(ConfigError, match=r"not an output of mt-export.*even with force=true"):
+    with pytest.raises(OutputError, match=r"not an output of mt-export.*even with force=true"):
         export(cfg)
     assert out.read_bytes() == b"not a zip"
     # a package from elsewhere (the Argos index, another tool): a package, but not ours
@@ -114,13 +115,13 @@ def test_output_is_replaced_only_with_force_and_only_if_mt_export_wrote_it(expor
         z.writestr("other/metadata.json", "{}")
         z.writestr("other/README.md", "Italian to English, from the Argos index")
     foreign = out.read_bytes()
-    with pytest.raises(ConfigError, match="not an output of mt-export"):
+    with pytest.raises(OutputError, match="not an output of mt-export"):
         export(cfg)
     assert out.read_bytes() == foreign
     out.unlink()
     cfg.force = False
     export(cfg)
-    with pytest.raises(ConfigError, match="add force=true"):
+    with pytest.raises(OutputError, match="add force=true"):
         export(cfg)
     cfg.force = True
     export(cfg)  # an earlier package of ours: replaced

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.decoding.name_copy import NameCopy
+from transformer.metrics.name_copy import NameCopy
 from transformer.training import logbook as logbook_module
 from transformer.training.logbook import Logbook, LogWindow
 from transformer.training.state import TrainState

@@ -24,8 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer import checkpoint as ckpt
 from transformer import device as device_module
-from transformer.decoding.name_copy import NameCopy
 from transformer.device import HostReads
+from transformer.metrics.name_copy import NameCopy
 from transformer.model import dropout as dropout_module
 from transformer.model.attention import set_attention_path
 from transformer.training.loss import batch_loss
@@ -56,14 +56,14 @@ def steady_state_reads(trainer, updates: int, accum: int = 1, poison: bool = Fal
     stream = trainer._micro_batches()
     batches = [[next(stream)[2] for _ in range(accum)] for _ in range(updates)]
     trainer.train_step(batches[0])  # warm-up: the optimizer's state, the allocator
-    trainer.settle()
+    trainer.read_and_recount()
     if poison:
         trainer.model.src_embed.weight.register_hook(lambda g: g * math.inf)
     with HostReads(sites=True) as reads:
         for micro in batches[1:]:
             trainer.train_step(micro)
             if trainer._due():
-                trainer.settle()
+                trainer.read_and_recount()
     return reads
 
 
@@ -201,7 +201,7 @@ def test_the_loop_learns_what_the_eager_loop_learns_skips_included(tmp_path):
         if hook:
             hook.remove()
         got.append(float(metrics["loss_sum"]) / metrics["tokens"])
-    trainer.settle()
+    trainer.read_and_recount()
     assert trainer.state.step == 1 + 11 and trainer.state.skipped_steps == 1
     assert scheduler.get_last_lr() == pytest.approx(trainer.scheduler.get_last_lr(), rel=1e-15)
     assert got == pytest.approx(expected, rel=1e-6)
@@ -340,12 +340,12 @@ def test_a_step_with_an_inf_gradient_is_skipped(tmp_path, precision):
     metrics = trainer.train_step(batches)
     handle.remove()
     assert trainer.state.step == 3  # counted as applied until the host reads what happened
-    trainer.settle()
+    trainer.read_and_recount()
     assert not metrics["applied"] and trainer.state.skipped_steps == 1 and trainer.state.step == 2
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert torch.equal(trainer.optimizer.state_dict()["state"][0]["exp_avg"], opt_before)
-    assert trainer.train_step(batches)["applied"] and trainer.settle() and trainer.state.step == 3
+    assert trainer.train_step(batches)["applied"] and trainer.read_and_recount() and trainer.state.step == 3
 
 
 def test_fp16_on_cpu_is_a_clear_error(tmp_path):

@@ -1,5 +1,5 @@
 """`mt-evaluate`: translate a test set and score it with sacrebleu (BLEU, chrF, TER) and
-the name-copy rate (`transformer.decoding.name_copy`).
+the name-copy rate (`transformer.metrics.name_copy`).
 
     mt-evaluate checkpoint=runs/tatoeba_cpu/checkpoints/best test_set=tatoeba-test
     mt-evaluate checkpoint=CKPT test_set=flores200-devtest decode=greedy
@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from transformer import outputs
+from transformer import atomic_files, outputs
 from transformer.commands import cli
 from transformer.config import (
     DataConfig,
@@ -43,8 +43,9 @@ from transformer.config import (
 )
 from transformer.data.corpus import DataError
 from transformer.data.pipeline import load_test_set
-from transformer.decoding.name_copy import SIGNATURE, name_copy
-from transformer.decoding.text import decode_settings, load_for_inference, translate_lines
+from transformer.decoding.settings import decode_settings
+from transformer.decoding.text import load_for_inference, translate_lines
+from transformer.metrics.name_copy import SIGNATURE, name_copy
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +153,10 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         "seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
     }
-    outputs.write_text(files["hyp"], "".join(f"{h}\n" for h in hyps))
-    outputs.write_text(files["ref"], "".join(f"{r}\n" for r in refs))
+    atomic_files.write_text(files["hyp"], "".join(f"{h}\n" for h in hyps))
+    atomic_files.write_text(files["ref"], "".join(f"{r}\n" for r in refs))
     report["files"] = {k: str(v.path) for k, v in files.items()}
-    outputs.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    atomic_files.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     for name in ("BLEU", "chrF2", "TER", "names"):
         print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
     split = f"{counts['sentences']} after splitting" if decode.split_sentences else "not split"

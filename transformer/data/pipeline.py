@@ -33,6 +33,7 @@ import datasets
 import numpy as np
 
 from transformer import outputs
+from transformer.atomic_files import atomic_write
 from transformer.config import DataConfig
 from transformer.data import corpus
 from transformer.data.batching import batching_statistics, token_lengths
@@ -43,7 +44,6 @@ from transformer.data.mixture import CorpusMixture, mix_sample
 from transformer.data.tokenizer import TOKENIZER_RECIPE, Tokenizer, load_or_train_tokenizer
 from transformer.data.workers import Workers
 from transformer.errors import writing
-from transformer.outputs import atomic_write
 from transformer.paths import project_path, user_path
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from transformer.atomic_files import atomic_write
 from transformer.errors import UserError
-from transformer.outputs import atomic_write
 
 log = logging.getLogger(__name__)
 

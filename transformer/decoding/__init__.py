@@ -2,7 +2,8 @@
 
 `search.py` is batched greedy and beam search on the model's key/value cache; `text.py`
 the path from a user's lines to translations (normalise, split into sentences, encode,
-batch by length, search, decode, rejoin); `ct2_model.py` runs a CTranslate2 export in our
+batch by length, search, decode, rejoin) and the commands' loader; `settings.py` the
+decode settings as they will run (the device's defaults filled in); `ct2_model.py` runs a CTranslate2 export in our
 model's place; `translator.py` is the Python face (`Translator.load(path).translate(lines)`),
 and what it runs beside `text.py`: `stream.py` (a stream of lines, a batch at a time, for
 `translate_iterable` and mt-translate), `scoring.py` (forced scoring of given
@@ -10,7 +11,6 @@ translations), `tokens.py` (token scores and attention of chosen translations, b
 teacher forcing) and `arguments.py` (its keywords checked, errors naming them);
 `constraints.py` a forced target prefix and no repeated n-grams, applied to a search
 step's logits;
-`name_copy.py` the name-copy rate that mt-evaluate and validation report;
 `batch_memory.py` a decoding batch's memory estimate, which refuses one that would not fit.
 
 May import: the top-level modules, `transformer.model`, `transformer.data`; never training,

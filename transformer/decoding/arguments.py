@@ -111,7 +111,7 @@ def decode_config(base: DecodeConfig, settings: dict[str, Any]) -> DecodeConfig:
 
     Returns:
         A new, checked DecodeConfig (device-dependent defaults still `auto`/None:
-        `text.decode_settings` fills them in).
+        `settings.decode_settings` fills them in).
 
     Raises:
         ConfigError: an unknown name or a bad value; the message names mt-translate's key

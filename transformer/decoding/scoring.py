@@ -123,7 +123,7 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
         targets: their translations, one per source line: a text, or the pieces of one
             (`Translation.tokens`), taken as they are (no tokenising again), paired with
             a source of one sentence (else the line is scored whole).
-        cfg: settings with their device defaults filled in (`text.decode_settings`):
+        cfg: settings with their device defaults filled in (`settings.decode_settings`):
             lenpen, split_sentences, max_tokens, precision; min_len for an export.
         device: where the model is.
         details: if given, receives per line the log-probabilities of its pieces and

@@ -33,7 +33,8 @@ from transformer.config import DecodeConfig
 from transformer.data.corpus import normalize
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import CT2Model
-from transformer.decoding.text import decode_settings, translate_nbest
+from transformer.decoding.settings import decode_settings
+from transformer.decoding.text import translate_nbest
 
 NBest = list[tuple[str, float]]
 
@@ -104,7 +105,7 @@ def iter_nbest(
     gives it, a window at a time (module docstring).
 
     The settings are checked against the model and device when this is called, before
-    any line is read (`text.decode_settings`).
+    any line is read (`settings.decode_settings`).
 
     Args:
         model (Transformer | CT2Model): the model, or an export's `CT2Model`.

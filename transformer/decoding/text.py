@@ -9,18 +9,17 @@ The library behind `mt-translate`, `mt-evaluate` and the trainer's dev BLEU:
 Each line is split into sentences first (`transformer.data.sentences`; decode.split_sentences)
 and put back together after, so a paragraph translates as its sentences do.
 
-`decode_settings` fills in the device-dependent defaults of a DecodeConfig (precision,
-batch size) and checks the settings against the model, so that what runs is what a
-report says ran.
-
-`load_for_inference` also opens a CTranslate2 export (mt-export, `transformer/decoding/ct2_model.py`):
-a `CT2Model`, which `translate_nbest` asks for its own search instead of `search.search`.
+The settings are resolved by `settings.decode_settings` (device defaults filled in, checked
+against the model). `load_for_inference`, the commands' loader, also opens a CTranslate2
+export (mt-export, `transformer/decoding/ct2_model.py`): a `CT2Model`, which
+`translate_nbest` asks for its own search instead of `search.search`. It stays here, where
+scripts and the shared tools import it from: a module of its own, re-exported here, would
+add a link to the package's longest import chain (tests/test_layout.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -30,67 +29,23 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from transformer.bounds import available_memory
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import length_batches, pad
 from transformer.data.corpus import normalize
 from transformer.data.sentences import Segments, join_texts, segment
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.batch_memory import check_decode_memory, decode_max_tokens
+from transformer.decoding.batch_memory import check_decode_memory
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.search import search
-from transformer.device import (
-    keep_large_blocks_in_the_heap,
-    resolve_device,
-    resolve_precision,
-)
+from transformer.decoding.settings import DTYPES, decode_settings
+from transformer.device import keep_large_blocks_in_the_heap, resolve_device, resolve_precision
 from transformer.model.weights import held_in
 
 if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no import here)
     from transformer.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
-
-# On a CPU, batches of 2,000 source tokens decode greedy and beam 5 faster than 8,000 (the
-# small model; docs/performance.md, "Decoding speed", has the figures). On CUDA the batch
-# doubles from 8,000 while half the free memory holds its worst case
-# (`batch_memory.decode_max_tokens`), below the ceiling of 65,536: 64,000 source tokens at
-# most. A GPU decodes more sentences a step for little more time.
-CPU_MAX_TOKENS, CUDA_MAX_TOKENS, CUDA_MAX_TOKENS_CEILING = 2000, 8000, 65536
-
-# A resolved precision's dtype: what the weights are held in while decoding.
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> DecodeConfig:
-    """`cfg` with its device-dependent defaults filled in.
-
-    precision auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16,
-    else fp32 (`device.resolve_precision`); max_tokens null: on CUDA with our model, what
-    half the free memory holds, 8,000, 16,000, 32,000 or 64,000 source tokens (`batch_memory.decode_max_tokens`),
-    else 8,000; 2,000 on a CPU. An exported `model` computes in the type it was exported with:
-    its precision stays auto, and any other is refused.
-    """
-    cfg.validate()
-    if isinstance(model, CT2Model):
-        if cfg.precision != "auto":
-            raise ConfigError(f"decode.precision={cfg.precision}: an exported model computes "
-                              f"in the type it was exported with ({model.quantization}); "
-                              "leave decode.precision=auto")
-        precision = "auto"
-    else:
-        precision, _ = resolve_precision(cfg.precision, device, key="decode.precision")
-    max_tokens = cfg.max_tokens
-    if max_tokens is None:
-        max_tokens = CUDA_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS
-    if cfg.max_tokens is None and device.type == "cuda" and model is not None and not \
-            isinstance(model, CT2Model):
-        max_tokens = decode_max_tokens(model.cfg, dataclasses.replace(cfg, precision=precision),
-                                       available_memory(device), CUDA_MAX_TOKENS,
-                                       CUDA_MAX_TOKENS_CEILING)
-    return dataclasses.replace(cfg, precision=precision, max_tokens=max_tokens)
-
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list[list[int]]:
     """Normalise as the training data was, encode, and cut to `max_len` (the model's

@@ -23,8 +23,9 @@ from transformer.data.corpus import normalize
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import as_arguments
 from transformer.decoding.ct2_model import CT2Model
+from transformer.decoding.settings import decode_settings
 from transformer.decoding.stream import input_ready, windows
-from transformer.decoding.text import Unit, _inference_mode, decode_settings, translate_nbest
+from transformer.decoding.text import Unit, _inference_mode, translate_nbest
 from transformer.decoding.tokens import check_attention, line_details
 
 

@@ -59,7 +59,7 @@ from transformer.decoding.arguments import (
 )
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.scoring import score_lines
-from transformer.decoding.text import DTYPES, decode_settings
+from transformer.decoding.settings import DTYPES, decode_settings
 from transformer.decoding.translations import (
     Translation,
     encode_prefixes,

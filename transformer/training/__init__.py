@@ -13,5 +13,6 @@ directory and its checkpoint rules, `distributed.py` the `torchrun` process grou
 states, `finetune.py` starting from a trained model's weights.
 
 May import: the top-level modules, `transformer.model`, `transformer.data`,
-`transformer.decoding` (validation translates the dev set); never deployment or the commands.
+`transformer.metrics` (validation scores the dev set), `transformer.decoding` (validation
+translates the dev set); never deployment or the commands.
 """

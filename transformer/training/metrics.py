@@ -68,7 +68,7 @@ class UpdateMeter:
         self.pending = 0
         return reading
 
-    def settle(self, state: TrainState) -> dict[str, float]:
+    def read_and_recount(self, state: TrainState) -> dict[str, float]:
         """`read`, and take the updates it found skipped off `state.step` (each was counted
         as applied) into `state.skipped_steps`."""
         reading = self.read()

@@ -9,8 +9,25 @@ the batches collated ahead in `prefetch.py`.
 The host never waits for the device inside an update (docs/performance.md, "The training
 loop"): batches are collated ahead by a thread and copied asynchronously; an update's
 metrics stay on the device (`UpdateMeter`) and the decision to skip a non-finite update
-is taken there (`Update`); the host counts each update as applied and settles the count
-(`settle`, one read) when it logs, validates, saves or stops.
+is taken there (`Update`); the host counts each update as applied and recounts
+(`read_and_recount`, one read) when it logs, validates, saves or stops:
+
+    each update (`train_step`), device     the host, which reads nothing
+      Update: apply, or skip if not finite   state.step += 1 (as applied)
+      UpdateMeter.add: sums, streak          |
+                                             v
+                                   `_due`? -- no --> the next update
+                                             | yes: a log, validation or save step,
+                                             |      the end, a signal, or a streak of skips
+                                             v
+      `read_and_recount`: UpdateMeter.read_and_recount, the one read (.tolist())
+          state.step -= skipped; state.skipped_steps += skipped
+          the schedule set at state.step; the log window gets the reading;
+          the divergence guard looks at the streak;
+          read_every_update = streak > 0 (then `_due` every update until it ends)
+                                             |
+                                             v
+                     log, validate, save or stop, at the recounted step
 
 Shapes: B batch, S source length, T target length, V vocabulary.
 """
@@ -74,7 +91,7 @@ class Trainer:
         )
         self.update = Update(model, self.optimizer, self.scaler, cfg.optim, device)
         self.meter = UpdateMeter(device)
-        self.eager = False  # read after every update (a streak of skipped ones is under way)
+        self.read_every_update = False  # read after every update (a streak of skipped ones is under way)
         self.last_reading: dict[str, float] = {"last_applied": 0.0, "grad_norm": 0.0}
         self.trim_heap = HeapTrimmer(self.tc.heap_slack_gb if device.type == "cpu" else None)
         self.validator = Validator(
@@ -103,7 +120,7 @@ class Trainer:
 
     def save(self, name: str, with_state: bool = True) -> Path | None:
         """Checkpoint `name` of the current weights (never inf/NaN ones); None off rank 0."""
-        self.settle()
+        self.read_and_recount()
         self.guard.check_weights(self.model, self.state.step)
         return self.checkpoints.save(name, self.state, with_state)
 
@@ -134,7 +151,7 @@ class Trainer:
                 if not self._due():
                     continue  # the steady state: nothing read back, the host runs ahead
                 # a skipped update advances nothing, but the stop signal is still heeded
-                if self.settle()["last_applied"]:
+                if self.read_and_recount()["last_applied"]:
                     if s.step % tc.log_every == 0:
                         self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0])
                     if s.step % tc.val_every == 0:
@@ -144,7 +161,7 @@ class Trainer:
                 early_stop, interrupted = any_rank((early_stop, self.stop_signal is not None), self.dist, self.device)
                 if early_stop or interrupted:
                     break
-            self.settle()
+            self.read_and_recount()
             self._finish(interrupted, first_step)
         except TrainingDiverged as e:
             newest = self.checkpoints.newest()
@@ -162,18 +179,18 @@ class Trainer:
         s, tc = self.state, self.tc
         grid = any(s.step % every == 0 for every in (tc.log_every, tc.val_every, tc.save_every) if every)
         alone = self.dist.world_size == 1 and self.stop_signal is not None
-        return grid or alone or self.eager or s.step >= tc.max_steps or not self.update.on_device
+        return grid or alone or self.read_every_update or s.step >= tc.max_steps or not self.update.on_device
 
-    def settle(self) -> dict[str, float]:
-        """Read the updates' metrics since the last read (one read; `UpdateMeter.settle`
+    def read_and_recount(self) -> dict[str, float]:
+        """Read the updates' metrics since the last read (one read; `UpdateMeter.read_and_recount`
         takes skipped updates off `state.step`); the schedule's record and the log window
         follow, the divergence guard looks at the streak. Returns the reading."""
         if self.meter.pending == 0:
             return self.last_reading
-        s, reading = self.state, self.meter.settle(self.state)
+        s, reading = self.state, self.meter.read_and_recount(self.state)
         schedule_at(self.scheduler, s.step)
         self.logbook.add(reading)
-        self.last_reading, self.eager = reading, reading["streak"] > 0
+        self.last_reading, self.read_every_update = reading, reading["streak"] > 0
         self.guard.check(s.step, reading)
         return reading
 
@@ -218,7 +235,7 @@ class Trainer:
 
     def train_step(self, batches: list[Batch]) -> dict:
         """One optimizer update over `batches` (gradient accumulation), read nowhere: counted
-        as applied until `settle` reads whether it was. Returns its metrics: `loss_sum`,
+        as applied until `read_and_recount` reads whether it was. Returns its metrics: `loss_sum`,
         `nll_sum`, `grad_norm`, `applied` (device tensors), `tokens` (an int, this rank's)."""
         self.net.train()
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # shapes: known on the host
@@ -234,7 +251,7 @@ class Trainer:
             self.forward.after_backward(first=i == 0)
             loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll
         grad_norm, applied = self.update()
-        self.state.step += 1  # as applied; `settle` takes a skipped one back
+        self.state.step += 1  # as applied; `read_and_recount` takes a skipped one back
         metrics = {"loss_sum": loss_sum, "nll_sum": nll_sum, "grad_norm": grad_norm,
                    "applied": applied, "tokens": n_tokens}
         scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None

@@ -1,5 +1,5 @@
 """Validation during training: per dev set, loss and perplexity (teacher forcing) and greedy
-BLEU, chrF and name-copy rate (`transformer.decoding.name_copy`); and the one score that selects the
+BLEU, chrF and name-copy rate (`transformer.metrics.name_copy`); and the one score that selects the
 best checkpoint (BLEU only: the name-copy rate is reported, never selected on).
 
 With several dev sets (a mix of corpora, `data=europarl_tatoeba`), each is scored on its
@@ -25,9 +25,9 @@ import torch
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.name_copy import NameCopy, name_copy
 from transformer.decoding.text import translate_lines
 from transformer.device import give_back_free_heap
+from transformer.metrics.name_copy import NameCopy, name_copy
 from transformer.training.loss import batch_loss
 
 

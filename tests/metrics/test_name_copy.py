@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from transformer.data.corpus import read_lines
-from transformer.decoding.name_copy import NameCopy, contains_word, find_names, name_copy
+from transformer.metrics.name_copy import NameCopy, contains_word, find_names, name_copy
 from transformer.paths import PROJECT_ROOT
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
