@@ -161,7 +161,7 @@ def test_mt_translate_takes_the_ngram_rule_and_a_prefix_file(checkpoint, tmp_pat
     source.write_text("\n".join(LINES) + "\n")
     prefix.write_text("\n".join(p or "" for p in PREFIXES) + "\n")
     monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", f"input.file={source}",
-                                      f"input.prefix_file={prefix}", "decode=greedy", "decode.max_len_a=0",
+                                      f"input.target_prefix_file={prefix}", "decode=greedy", "decode.max_len_a=0",
                                       "decode.max_len_b=12", "decode.no_repeat_ngram_size=2"])
     translate_command.main()
     printed = capsys.readouterr().out.splitlines()
@@ -175,12 +175,12 @@ def test_mt_translate_refuses_a_prefix_file_it_cannot_pair(checkpoint, tmp_path,
     source.write_text("Ciao\nSì\n")
     prefix.write_text("Hi\n")
     for overrides, message in [
-        ([f"input.file={source}"], f"mt-translate: error: input.prefix_file={prefix} has 1 line(s) "
+        ([f"input.file={source}"], f"mt-translate: error: input.target_prefix_file={prefix} has 1 line(s) "
                                    "and the input 2: give one prefix line"),
-        ([], f"mt-translate: error: input.prefix_file='{prefix}': pairs its lines with input.file's"),
+        ([], f"mt-translate: error: input.target_prefix_file='{prefix}': pairs its lines with input.file's"),
     ]:
         monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}",
-                                          f"input.prefix_file={prefix}", *overrides])
+                                          f"input.target_prefix_file={prefix}", *overrides])
         with pytest.raises(SystemExit) as exit_info:
             translate_command.main()
         assert str(exit_info.value.code).startswith(message)

@@ -58,7 +58,7 @@ class InputConfig:
     text: str | None = None  # translate this string (one line per line of it)
     # a UTF-8 file of target prefixes, one per input line (an empty line: none): each
     # translation starts with its line's prefix (needs input.file or input.text)
-    prefix_file: str | None = None
+    target_prefix_file: str | None = None
 
 
 @dataclass
@@ -81,8 +81,8 @@ class TranslateConfig:
                 "required: add checkpoint=path/to/checkpoint_dir")
         require(self.input.file is None or self.input.text is None, "input.text", self.input.text,
                 "give input.file or input.text, not both")
-        require(self.input.prefix_file is None or self.input.file is not None or
-                self.input.text is not None, "input.prefix_file", self.input.prefix_file,
+        require(self.input.target_prefix_file is None or self.input.file is not None or
+                self.input.text is not None, "input.target_prefix_file", self.input.target_prefix_file,
                 "pairs its lines with input.file's or input.text's: give one of them")
         check_device("device", self.device)
         positive("threads", self.threads, optional=True)
@@ -114,28 +114,28 @@ def read_input(cfg: InputConfig) -> tuple[Iterable[str], Callable[[], bool] | No
 
 
 def read_prefixes(cfg: InputConfig) -> Iterator[str | None] | None:
-    """input.prefix_file's lines (None for an empty one), read as they are needed; checked
+    """input.target_prefix_file's lines (None for an empty one), read as they are needed; checked
     first for bad bytes and for as many lines as the input, before the model is loaded."""
-    if cfg.prefix_file is None:
+    if cfg.target_prefix_file is None:
         return None
-    count = sum(1 for _ in iter_lines(cfg.prefix_file))  # DataError naming file:line
+    count = sum(1 for _ in iter_lines(cfg.target_prefix_file))  # DataError naming file:line
     lines = len(cfg.text.split("\n")) if cfg.text is not None else \
         sum(1 for _ in iter_lines(cfg.file))  # type: ignore[arg-type]
     if count != lines:
-        raise ConfigError(f"input.prefix_file={cfg.prefix_file} has {count} line(s) and the input "
+        raise ConfigError(f"input.target_prefix_file={cfg.target_prefix_file} has {count} line(s) and the input "
                           f"{lines}: give one prefix line (or an empty one) per input line")
-    return (line if line.strip() else None for line in iter_lines(cfg.prefix_file))
+    return (line if line.strip() else None for line in iter_lines(cfg.target_prefix_file))
 
 
 def output_of(cfg: TranslateConfig) -> outputs.Output | None:
     """The output file, checked (None for stdout), and the inputs: before any work."""
     outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
     outputs.check_input(cfg.input.file, "input.file")
-    outputs.check_input(cfg.input.prefix_file, "input.prefix_file")
+    outputs.check_input(cfg.input.target_prefix_file, "input.target_prefix_file")
     if cfg.output is None:
         return None
     out = outputs.Output.of(cfg.output, "output", "mt-translate", force=cfg.force)
-    outputs.check(out, inputs=[cfg.input.file, cfg.input.prefix_file, cfg.checkpoint])
+    outputs.check(out, inputs=[cfg.input.file, cfg.input.target_prefix_file, cfg.checkpoint])
     return out
 
 

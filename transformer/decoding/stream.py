@@ -120,7 +120,7 @@ def iter_nbest(
         progress: a tqdm bar on stderr counting lines.
         counts: if given, receives the running numbers of `lines`, `sentences` and `units`.
         prefixes: None, or a target prefix (a text, or None) per line, read in step with
-            the lines (mt-translate's input.prefix_file).
+            the lines (mt-translate's input.target_prefix_file).
 
     Raises:
         ConfigError: settings the model or device cannot run, named by their key.
