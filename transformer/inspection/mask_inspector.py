@@ -214,7 +214,7 @@ def record_attention(model, batch: Batch) -> list[AttentionMap]:
     inputs: dict[int, tuple] = {}
 
     def keep_inputs(index: int):
-        def hook(module, args):  # args: x, kv, mask[, cache, static_kv]
+        def hook(module, args):  # args: x, kv, mask
             inputs[index] = args[:3]
         return hook
 

@@ -27,32 +27,11 @@ leave every real output as the masks define it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from transformer.model.dropout import dropout
-
-
-@dataclass
-class KVCache:
-    """Keys and values of one attention layer kept between decoding steps, (B, H, L, Dh).
-
-    Self-attention caches grow by the new positions at every call; cross-attention
-    caches are computed once from the encoder memory and then reused. (The model's
-    incremental decoding keeps its own preallocated cache: `cache.DecoderCache`.)
-    """
-
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (B',), e.g. the beams selected by beam search."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
 
 
 def autocast_input(x: torch.Tensor) -> torch.Tensor:
@@ -123,38 +102,19 @@ class MultiHeadAttention(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2)
 
-    def _keys_values(
-        self, kv: torch.Tensor, cache: KVCache | None, static_kv: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if cache is None:
-            return self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
-        if static_kv:  # cross-attention: project the memory once per source
-            if cache.k is None:  # contiguous, or every step's batched product copies them
-                cache.k = self._heads(self.k_proj(kv)).contiguous()
-                cache.v = self._heads(self.v_proj(kv)).contiguous()
-            return cache.k, cache.v
-        k, v = self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
-        if cache.k is not None:  # self-attention: append the new positions
-            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-        cache.k, cache.v = k, v
-        return k, v
-
     def forward(
         self,
         x: torch.Tensor,
         kv: torch.Tensor,
         mask: torch.Tensor,
-        cache: KVCache | None = None,
-        static_kv: bool = False,
         causal: bool = False,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend from queries x (B, T, D) to keys/values kv (B, S, D).
 
-        mask: bool, broadcastable to (B, H, T, S_total), True = may attend, where
-        S_total includes cached positions. static_kv: kv is the encoder memory, whose
-        projections the cache keeps after the first call. causal: mask is causal AND the
-        key padding of a whole right-padded sequence (kv is x, no cache): SDPA runs
+        mask: bool, broadcastable to (B, H, T, S), True = may attend. (Incremental
+        decoding runs its own step on these weights: `cache.decode_step`.) causal: mask is
+        causal AND the key padding of a whole right-padded sequence (kv is x): SDPA runs
         `is_causal` without it (the same real outputs). bias: `key_bias(mask)`, built once
         by the caller for every layer: what SDPA reads instead of the mask.
         Returns (B, T, D).
@@ -163,11 +123,7 @@ class MultiHeadAttention(nn.Module):
             x = kv = autocast_input(x)
         else:
             x, kv = autocast_input(x), autocast_input(kv)
-        if cache is None:
-            q, k, v = self._projections(x, kv)  # (B, H, T|S, Dh)
-        else:
-            q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
-            k, v = self._keys_values(kv, cache, static_kv)  # (B, H, S, Dh)
+        q, k, v = self._projections(x, kv)  # (B, H, T|S, Dh)
         p = self.dropout if self.training else 0.0
         use_sdpa = q.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
         # compiled: SDPA (the explicit path's check for empty rows reads a value, which
