@@ -11,6 +11,7 @@ setting is refused, naming its key, before any work starts.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -28,6 +29,8 @@ from transformer.bounds import (
     worker_limit,
 )
 from transformer.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 MAX_PAD_TO_MULTIPLE = 64  # data.pad_to_multiple: beyond it padding costs more than shapes save
@@ -49,6 +52,16 @@ def positive(key: str, value: float | None, optional: bool = False, minimum: flo
 
 def _at_most(key: str, value: float, bound: float) -> None:
     require(value <= bound, key, value, f"must be <= {bound} (transformer/bounds.py)")
+
+
+_deprecations_told: set[str] = set()
+
+
+def _deprecated(old: str, new: str) -> None:
+    """One warning a process that the key `old` is now `new`."""
+    if old not in _deprecations_told:
+        _deprecations_told.add(old)
+        log.warning("%s is deprecated: it is now %s", old, new)
 
 
 def at_most_workers(key: str, value: int | None) -> None:
@@ -338,10 +351,11 @@ class DecodeConfig:
     max_len_a: float = 1.2  # hypotheses stop at a * |x| + b tokens (|x| = source tokens)
     max_len_b: int = 10  # b of that limit
     min_len: int = 1  # EOS is forbidden before this many tokens
-    # source tokens per decoding batch (a beam batch holds beam_size times more rows);
-    # null: 2000 on CPU; on CUDA 8000, doubled up to 64000 as the free memory allows
-    max_tokens: int | None = None
-    # sentences per decoding batch, beside max_tokens; null: as many as max_tokens allows
+    # source tokens per decoding batch: its sentences times the longest one's tokens (a
+    # beam batch holds beam_size hypotheses a sentence); also what a streamed window of
+    # input holds; null: 2000 on CPU; on CUDA 8000, doubled up to 64000 as the free memory allows
+    batch_tokens: int | None = None
+    # sentences per decoding batch, beside batch_tokens; null: as many as batch_tokens allows
     max_batch_size: int | None = None
     # a hypothesis never repeats an n-gram of this size of its own output; 0: off
     no_repeat_ngram_size: int = 0
@@ -350,6 +364,19 @@ class DecodeConfig:
     precision: str = "auto"
     # split each line into sentences (transformer/data/sentences.py), translate them, join them again
     split_sentences: bool = True
+    # the old name of batch_tokens, still accepted: moved there with a warning
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        """An old `max_tokens` moves to `batch_tokens` (a one-line warning, once a process);
+        both given with different values is refused, naming both."""
+        if self.max_tokens is None:
+            return
+        require(self.batch_tokens in (None, self.max_tokens), "decode.max_tokens", self.max_tokens,
+                f"the old name of decode.batch_tokens, which is given too ({self.batch_tokens}): "
+                "give decode.batch_tokens alone")
+        _deprecated("decode.max_tokens", "decode.batch_tokens (source tokens per decoding batch)")
+        self.batch_tokens, self.max_tokens = self.max_tokens, None
 
     def validate(self, prefix: str = "decode") -> None:
         require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
@@ -370,9 +397,9 @@ class DecodeConfig:
                 f"with {prefix}.max_len_a={self.max_len_a} the length limit a * |x| + b "
                 "could be 0: need a + b >= 1")
         positive(f"{prefix}.min_len", self.min_len, minimum=0)
-        positive(f"{prefix}.max_tokens", self.max_tokens, optional=True)
-        if self.max_tokens is not None:
-            _at_most(f"{prefix}.max_tokens", self.max_tokens, MAX_BATCH_TOKENS)
+        positive(f"{prefix}.batch_tokens", self.batch_tokens, optional=True)
+        if self.batch_tokens is not None:
+            _at_most(f"{prefix}.batch_tokens", self.batch_tokens, MAX_BATCH_TOKENS)
         positive(f"{prefix}.max_batch_size", self.max_batch_size, optional=True)
         if self.max_batch_size is not None:
             _at_most(f"{prefix}.max_batch_size", self.max_batch_size, MAX_BATCH_TOKENS)

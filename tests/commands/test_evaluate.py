@@ -87,7 +87,8 @@ def test_mt_evaluate_writes_files_and_report_that_sacrebleu_agrees_with(
     assert len(read_lines(hyp)) == len(read_lines(ref)) == report["sentences"] == 12
     assert read_lines(ref) == read_lines(SAMPLE / "dev.en")[:12]
     assert report["decode"]["method"] == "greedy" and report["checkpoint"] == str(checkpoint)
-    assert report["decode"]["max_tokens"] == 2000 and report["decode"]["precision"] == "fp32"  # CPU defaults
+    assert report["decode"]["batch_tokens"] == 2000 and report["decode"]["precision"] == "fp32"  # CPU defaults
+    assert "max_tokens" not in report["decode"]  # the old name of batch_tokens is not reported
     assert report["sentences_per_second"] > 0
     assert_same_as_cli(report, ref, hyp)
     printed = capsys.readouterr().out

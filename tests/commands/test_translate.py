@@ -130,7 +130,7 @@ def test_a_file_streams_in_windows_with_its_line_numbers(checkpoint, tmp_path, m
     src.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     run_main(monkeypatch, f"checkpoint={checkpoint}", f"input.file={src}", f"output={out}",
-             "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=3", "decode.max_tokens=8",
+             "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=3", "decode.batch_tokens=8",
              "progress=false")
     model, tokenizer = load_model(checkpoint)
     whole = decoding.translate_lines(model, tokenizer, lines, DecodeConfig(**{**FAST, "max_len_b": 3}))

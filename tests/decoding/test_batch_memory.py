@@ -21,7 +21,7 @@ def test_the_memory_estimate_grows_with_the_rows_and_the_lengths():
     model = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6)
     one = batch_memory.decode_batch_bytes(model, 1, 10, 1, 22, 4)
     assert batch_memory.decode_batch_bytes(model, 1, 10, 5, 22, 4) == 5 * one  # beam: rows
-    assert batch_memory.decode_batch_bytes(model, 3, 10, 1, 22, 4) == 3 * one  # sentences: rows
+    assert batch_memory.decode_batch_bytes(model, 3, 10, 1, 22, 4) == 3 * one  # sentences
     assert batch_memory.decode_batch_bytes(model, 1, 20, 1, 34, 4) > one  # longer: more cache
     assert batch_memory.decode_batch_bytes(model, 1, 10, 1, 22, 2) < one  # bf16 caches are half
 
@@ -32,10 +32,10 @@ def test_decoding_that_would_not_fit_in_free_memory_is_refused_before_the_first_
     searched = []
     monkeypatch.setattr(decoding, "search", lambda *a, **k: searched.append(1))
     monkeypatch.setattr(bounds, "available_memory", lambda device: 1_000_000)  # 1 MB free
-    cfg = DecodeConfig(beam_size=128, max_tokens=100_000, precision="fp32")
-    with pytest.raises(ConfigError, match=r"decode.beam_size=128 with decode.max_tokens=100000: a decoding "
+    cfg = DecodeConfig(beam_size=128, batch_tokens=100_000, precision="fp32")
+    with pytest.raises(ConfigError, match=r"decode.beam_size=128 with decode.batch_tokens=100000: a decoding "
                                           r"batch of 100 sentences x beam 128 would need about .* lower "
-                                          r"decode.beam_size or decode.max_tokens"):
+                                          r"decode.beam_size or decode.batch_tokens"):
         decoding.translate_lines(model, tokenizer, lines, cfg, torch.device("cpu"))
     assert not searched
     monkeypatch.undo()  # the machine's own free memory: these settings fit
@@ -47,7 +47,7 @@ def test_a_gpu_decoding_batch_grows_to_what_half_the_free_memory_holds(monkeypat
     model = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6, max_positions=256)
     cfg = DecodeConfig(method=method, beam_size=5, precision="bf16")
     frees = (None, 10**8, 40 * 10**9, 100 * 10**9, 10**12)
-    budgets = [batch_memory.decode_max_tokens(model, cfg, free, 8000, 65536) for free in frees]
+    budgets = [batch_memory.decode_batch_tokens(model, cfg, free, 8000, 65536) for free in frees]
     assert budgets[:2] == [8000, 8000]  # unknown, or too little for more: today's 8,000
     assert budgets == sorted(budgets) and budgets[-1] == 64000  # more memory, more tokens, bounded
     for free, budget in zip(frees[2:], budgets[2:], strict=True):
@@ -61,15 +61,15 @@ def test_a_gpu_decoding_batch_grows_to_what_half_the_free_memory_holds(monkeypat
                 batch_memory.check_decode_memory(model, [[1] * (budget * 2)], cfg, torch.device("cuda"))
 
 
-def test_decode_settings_size_the_batch_to_the_gpu_only_when_max_tokens_is_null(monkeypatch):
+def test_decode_settings_size_the_batch_to_the_gpu_only_when_batch_tokens_is_null(monkeypatch):
     class Model:  # what decode_settings reads of our model: its config
         cfg = ModelConfig(vocab_size=8000, d_model=512, n_decoder_layers=6, max_positions=256)
 
     monkeypatch.setattr(settings, "available_memory", lambda device: 200 * 10**9)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     cfg = DecodeConfig(precision="fp16")
-    assert settings.decode_settings(cfg, cuda, Model()).max_tokens == 64000
-    assert settings.decode_settings(cfg, cuda).max_tokens == 8000  # no model to size it for
-    assert settings.decode_settings(DecodeConfig(max_tokens=3000, precision="fp16"), cuda,
-                                    Model()).max_tokens == 3000
-    assert settings.decode_settings(DecodeConfig(precision="fp32"), cpu, Model()).max_tokens == 2000
+    assert settings.decode_settings(cfg, cuda, Model()).batch_tokens == 64000
+    assert settings.decode_settings(cfg, cuda).batch_tokens == 8000  # no model to size it for
+    assert settings.decode_settings(DecodeConfig(batch_tokens=3000, precision="fp16"), cuda,
+                                    Model()).batch_tokens == 3000
+    assert settings.decode_settings(DecodeConfig(precision="fp32"), cpu, Model()).batch_tokens == 2000

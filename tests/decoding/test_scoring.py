@@ -43,8 +43,8 @@ def test_a_pair_scores_the_same_alone_and_in_any_batch(loaded):
     src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
     with _inference_mode(model, "fp32", CPU):
         alone = [unit_scores(model, [s], [t], DecodeConfig(lenpen=0.6), CPU)[0] for s, t in pairs]
-        for max_tokens in (12, 40, 2000):  # from one pair a batch to all in one
-            together = unit_scores(model, src, tgt, DecodeConfig(lenpen=0.6, max_tokens=max_tokens), CPU)
+        for budget in (12, 40, 2000):  # from one pair a batch to all in one
+            together = unit_scores(model, src, tgt, DecodeConfig(lenpen=0.6, batch_tokens=budget), CPU)
             assert together == pytest.approx(alone, abs=1e-4)
     assert all(score < 0 for score in alone)  # log-probabilities, EOS included: an empty target too
 

@@ -17,6 +17,7 @@ from transformer.decoding.text import translate_nbest
 
 from helpers import FAST, LINES, sample_tokenizer
 
+MAX_LEN = 64  # the units' longest, as a model's max_positions
 TEXT = ["Che ore sono?", "Ti chiamo stasera.", "Sì, certo!", "Ci vediamo martedì alle due.",
         "Il treno parte alle otto e mezza.", "Grazie.", "Dove abiti?", "Non lo so."]
 
@@ -25,17 +26,22 @@ def tokens(line: str) -> int:
     return len(sample_tokenizer().encode([normalize(line)])[0])
 
 
+def cut(lines, budget: int, ready=None) -> list[list[str]]:
+    """The lines of each window `windows` makes of `lines`."""
+    return [w.lines for w in windows(lines, sample_tokenizer(), budget, ready, max_len=MAX_LEN)]
+
+
 def test_the_windows_hold_every_line_once_in_input_order():
     for budget in (1, 5, 12, 1000):
-        found = list(windows(TEXT, sample_tokenizer(), budget))
+        found = cut(TEXT, budget)
         assert [line for window in found for line in window] == TEXT
         assert all(found)  # no empty window
-    assert list(windows([], sample_tokenizer(), 10)) == []
+    assert cut([], 10) == []
 
 
 @pytest.mark.parametrize("budget", [5, 12, 30])
 def test_a_window_closes_at_the_line_that_reaches_the_token_budget(budget):
-    found = list(windows(TEXT, sample_tokenizer(), budget))
+    found = cut(TEXT, budget)
     for window in found[:-1]:
         counts = [tokens(line) for line in window]
         assert sum(counts) >= budget or len(window) >= budget  # full: by tokens or by lines
@@ -45,14 +51,14 @@ def test_a_window_closes_at_the_line_that_reaches_the_token_budget(budget):
 
 def test_a_window_holds_at_most_budget_lines_however_short():
     empty = [""] * 7  # no tokens at all: only the line count closes a window
-    assert [len(w) for w in windows(empty, sample_tokenizer(), 3)] == [3, 3, 1]
+    assert [len(w) for w in cut(empty, 3)] == [3, 3, 1]
 
 
 def test_a_window_closes_early_when_no_line_is_waiting():
     waiting = iter([True, False, True, True, False, True, True, True])
-    found = list(windows(TEXT, sample_tokenizer(), 10_000, ready=lambda: next(waiting)))
+    found = cut(TEXT, 10_000, ready=lambda: next(waiting))
     assert [len(w) for w in found] == [2, 3, 3]  # closed after each "nothing waiting"
-    always = list(windows(TEXT, sample_tokenizer(), 10_000, ready=lambda: True))
+    always = cut(TEXT, 10_000, ready=lambda: True)
     assert always == [TEXT]  # a file or a fast pipe: full windows
 
 
@@ -64,13 +70,13 @@ def test_windows_read_no_further_than_the_window_they_close():
             pulled.append(line)
             yield line
 
-    first = next(windows(endless(), sample_tokenizer(), 12))
-    assert pulled == first  # nothing read ahead of the window handed out
+    first = next(windows(endless(), sample_tokenizer(), 12, max_len=MAX_LEN))
+    assert pulled == first.lines  # nothing read ahead of the window handed out
 
 
 def test_a_line_that_is_not_a_str_is_named_by_its_index():
     with pytest.raises(TypeError, match=r"^lines\[2\] is a bytes, not a str$"):
-        list(windows(["Ciao", "Sì", b"no"], sample_tokenizer(), 100))
+        cut(["Ciao", "Sì", b"no"], 100)
 
 
 def test_input_ready_is_none_without_a_descriptor_and_follows_a_pipe():
@@ -90,7 +96,7 @@ def test_iter_nbest_gives_what_translating_the_lines_at_once_gives(loaded):
     cfg = DecodeConfig(**FAST)
     at_once = translate_nbest(model, tokenizer, LINES, cfg, torch.device("cpu"))
     counts: dict[str, int] = {}
-    lazily = list(iter_nbest(model, tokenizer, iter(LINES), DecodeConfig(**FAST, max_tokens=4), counts=counts))
+    lazily = list(iter_nbest(model, tokenizer, iter(LINES), DecodeConfig(**FAST, batch_tokens=4), counts=counts))
     assert [[text for text, _ in nbest] for nbest in lazily] == [[text for text, _ in nbest] for nbest in at_once]
     assert [score for nbest in lazily for _, score in nbest] == pytest.approx(
         [score for nbest in at_once for _, score in nbest], abs=1e-5)  # other batches: float sums differ

@@ -16,7 +16,7 @@ from helpers import FAST, LINES
 
 def test_translate_lines_keeps_order_and_empty_lines(loaded):
     model, tokenizer = loaded
-    cfg = DecodeConfig(**FAST, max_tokens=12)  # several batches, sorted by length
+    cfg = DecodeConfig(**FAST, batch_tokens=12)  # several batches, sorted by length
     out = decoding.translate_lines(model, tokenizer, LINES, cfg)
     assert len(out) == len(LINES)
     assert out[1] == "" and out[3] == ""

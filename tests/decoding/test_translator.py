@@ -407,11 +407,11 @@ def test_translate_iterable_is_lazy_and_keeps_input_order(words):
             pulled.append(line)
             yield line
 
-    first = list(itertools.islice(translator.translate_iterable(endless(), max_tokens=12), 20))
+    first = list(itertools.islice(translator.translate_iterable(endless(), batch_tokens=12), 20))
     assert first == translator.translate([*ONE_SENTENCE, *ONE_SENTENCE, *ONE_SENTENCE][:20])
     assert len(pulled) < 20 + 12  # at most a window of 12 tokens (or lines) read ahead
     beam = dict(method="beam", beam_size=2, return_scores=True, nbest=1)
-    lazily = flat(translator.translate_iterable(ONE_SENTENCE, max_tokens=5, **beam))
+    lazily = flat(translator.translate_iterable(ONE_SENTENCE, batch_tokens=5, **beam))
     at_once = flat(translator.translate(ONE_SENTENCE, **beam))
     assert [t.text for t in lazily] == [t.text for t in at_once]
     assert [t.score for t in lazily] == pytest.approx([t.score for t in at_once], abs=1e-5)
@@ -443,7 +443,7 @@ def test_threads_apply_to_the_translators_calls_only(words, monkeypatch):
     assert torch.get_num_threads() == before  # loading sets nothing
     translator.translate(["Ciao"])
     translator.score("Ciao", "Hi")
-    results = translator.translate_iterable(["Ciao", "Sì"], max_tokens=1)
+    results = translator.translate_iterable(["Ciao", "Sì"], batch_tokens=1)
     next(results)
     assert torch.get_num_threads() == before  # not while the iterator waits
     list(results)
@@ -551,23 +551,23 @@ def test_max_batch_size_caps_the_sentences_of_a_batch_and_changes_no_result(word
     assert [t.score for t in capped] == pytest.approx([t.score for t in whole], abs=1e-5)
     with pytest.raises(ConfigError, match=r"^max_batch_size=0: must be >= 1"):
         translator.translate("Ciao", max_batch_size=0)
-    with pytest.raises(ConfigError, match=r"^max_tokens=1000000: must be <= 131072"):
-        translator.translate("Ciao", max_tokens=1_000_000)
+    with pytest.raises(ConfigError, match=r"^batch_tokens=1000000: must be <= 131072"):
+        translator.translate("Ciao", batch_tokens=1_000_000)
 
 
 def test_the_gpu_batch_size_is_resolved_once_per_translator(words, monkeypatch):
-    """On CUDA a null max_tokens is sized to the free memory when the Translator is made;
+    """On CUDA a null batch_tokens is sized to the free memory when the Translator is made;
     a call never sizes it again (the free memory mocked, as test_batch_memory.py does)."""
     model, tokenizer = load_model(words)
     monkeypatch.setattr(settings, "available_memory", lambda device: 200 * 10**9)
     translator = Translator(model, tokenizer, device="cuda", decode=DecodeConfig(precision="fp16"))
-    resolved = translator.decode.max_tokens
-    assert resolved > settings.CUDA_MAX_TOKENS
+    resolved = translator.decode.batch_tokens
+    assert resolved > settings.CUDA_BATCH_TOKENS
     monkeypatch.setattr(settings, "available_memory", lambda device: 10**9)  # memory taken
     for call in ({}, {"beam_size": 8}):
         cfg = settings.decode_settings(translator._config(call, None), torch.device("cuda"), model)
-        assert cfg.max_tokens == resolved
-    assert translator._config({"max_tokens": 3000}, None).max_tokens == 3000  # per call when given
+        assert cfg.batch_tokens == resolved
+    assert translator._config({"batch_tokens": 3000}, None).batch_tokens == 3000  # per call when given
 
 
 def test_threads_sharing_a_translator_get_what_sequential_calls_give(words, monkeypatch):
@@ -587,7 +587,7 @@ def test_threads_sharing_a_translator_get_what_sequential_calls_give(words, monk
         lambda: translator.translate(ONE_SENTENCE, return_attention=True, method="greedy", lenpen=1.0),
         lambda: translator.translate(ONE_SENTENCE, no_repeat_ngram_size=1, max_batch_size=3),
         lambda: translator.translate(ONE_SENTENCE[:3], target_prefix=["I", None, "Yes"]),
-        lambda: list(translator.translate_iterable(ONE_SENTENCE, max_tokens=7, return_scores=True)),
+        lambda: list(translator.translate_iterable(ONE_SENTENCE, batch_tokens=7, return_scores=True)),
         lambda: translator.score(ONE_SENTENCE, ["It is late."] * len(ONE_SENTENCE), return_tokens=True),
     ]
 
@@ -642,8 +642,8 @@ def test_an_unavailable_mps_is_one_line_at_load(checkpoint, monkeypatch):
         Translator.load(checkpoint, device="mps")
 
 
-def test_a_window_holds_a_bounded_number_of_lines_whatever_max_tokens(words):
-    """An endless input with the largest max_tokens: 118,160 lines were read in 25 s and
+def test_a_window_holds_a_bounded_number_of_lines_whatever_batch_tokens(words):
+    """An endless input with the largest batch_tokens: 118,160 lines were read in 25 s and
     nothing came; the first result comes after at most WINDOW_LINES lines."""
     from transformer.decoding.stream import WINDOW_LINES
 
@@ -655,6 +655,6 @@ def test_a_window_holds_a_bounded_number_of_lines_whatever_max_tokens(words):
             pulled.append(line)
             yield line
 
-    first = next(translator.translate_iterable(endless(), max_tokens=MAX_BATCH_TOKENS))
+    first = next(translator.translate_iterable(endless(), batch_tokens=MAX_BATCH_TOKENS))
     assert first == translator.translate(["Ciao"])[0]
     assert len(pulled) <= WINDOW_LINES

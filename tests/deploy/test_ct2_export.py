@@ -175,7 +175,7 @@ def test_greedy_equals_ours_in_tokens_and_scores(tokenizer, lines, tmp_path, var
     pre_norm, tie, seed = VARIANTS[variant]
     model = tiny_model(tokenizer.vocab_size, pre_norm, tie, seed, eos_rate=eos_rate)
     ct2 = CT2Model(export_model(model, tokenizer, tmp_path)[1], threads=1)
-    cfg = DecodeConfig(method="greedy", min_len=0, lenpen=0.6, max_tokens=200)
+    cfg = DecodeConfig(method="greedy", min_len=0, lenpen=0.6, batch_tokens=200)
     ours, theirs = both(model, ct2, tokenizer, lines, cfg)
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
     assert max(abs(a[0][1] - b[0][1]) for a, b in zip(ours, theirs)) < 1e-4

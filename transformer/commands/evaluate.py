@@ -134,9 +134,11 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         raise DataError(f"test set {cfg.test_set!r} has no sentence pairs to score")
     # the same references for every method: an earlier evaluation's identical file is fine
     outputs.check(files["ref"], _inputs(cfg), same_as="".join(f"{r}\n" for r in refs))
-    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
+    # the weights in the precision they decode in (no batch casts them again)
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads,
+                                                  cfg.decode.precision, "decode.precision")
     start = time.perf_counter()
-    decode = decode_settings(cfg.decode, device, model)  # device defaults filled in: what runs is what the report says
+    decode = decode_settings(cfg.decode, device, model)  # once: what runs is what the report says
     counts: dict[str, int] = {}
     hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress,
                            counts=counts)
@@ -147,7 +149,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         "split_sentences": counts["sentences"],  # what the splitter found in those lines
         **score(hyps, refs, src),
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
-        "decode": asdict(decode),
+        "decode": {k: v for k, v in asdict(decode).items() if k != "max_tokens"},  # not the old name
         "device": str(device),
         "engine": getattr(model, "engine", f"pytorch {torch.__version__}"),
         "seconds": round(seconds, 2),

@@ -162,7 +162,9 @@ def translate(cfg: TranslateConfig) -> None:
     prefixes = read_prefixes(cfg.input)
     if cfg.output is None and sys.stdout is None:  # started with stdout closed (>&-)
         raise ConfigError("stdout is closed: add output=FILE")
-    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
+    # the weights in the precision they decode in: no window casts them again
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads,
+                                                  cfg.decode.precision, "decode.precision")
     progress = cfg.progress and cfg.input.file is not None and Path(cfg.input.file).expanduser().is_file()
     start, counts = time.perf_counter(), {"lines": 0, "sentences": 0}
     found = iter_nbest(model, tokenizer, lines, cfg.decode, device, ready=ready,

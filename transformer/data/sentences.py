@@ -112,6 +112,16 @@ class Segments:
     cut: list[int] = field(default_factory=list)  # lines with a sentence too long, cut in pieces
     truncated: list[int] = field(default_factory=list)  # lines with a word longer than the limit
 
+    def extend(self, more: Segments) -> None:
+        """Append the units of `more`, whose lines follow this one's."""
+        shift = self.n_lines
+        self.n_lines += more.n_lines
+        self.ids.extend(more.ids)
+        self.owner.extend(line + shift for line in more.owner)
+        self.sentences += more.sentences
+        self.cut.extend(line + shift for line in more.cut)
+        self.truncated.extend(line + shift for line in more.truncated)
+
     def rejoin(self, per_unit: Sequence[X], join: Callable[[list[X]], X], empty: X) -> list[X]:
         """One value per input line: `join` of its units' values, `empty` for a line with none."""
         parts: list[list[X]] = [[] for _ in range(self.n_lines)]

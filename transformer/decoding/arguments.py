@@ -31,7 +31,8 @@ from transformer.checkpoint import MODEL_CFG, CheckpointError
 from transformer.config import ConfigError, DecodeConfig, omegaconf_error_line, to_dataclass
 from transformer.decoding.ct2_model import EXPORT_INFO, is_export
 
-SETTINGS = tuple(f.name for f in fields(DecodeConfig))  # the keywords `load` and `translate` take
+# the keywords `load` and `translate` take; `max_tokens`, the old name of `batch_tokens`, too
+SETTINGS = tuple(f.name for f in fields(DecodeConfig) if f.name != "max_tokens")
 
 _METHOD = re.compile(r"\bdecode=(greedy|beam)\b")  # mt-translate's preset: the method
 _KEY = re.compile(r"\bdecode\.(\w+)")
@@ -117,10 +118,12 @@ def decode_config(base: DecodeConfig, settings: dict[str, Any]) -> DecodeConfig:
         ConfigError: an unknown name or a bad value; the message names mt-translate's key
             (`decode.beam_size=0: must be >= 1`; `as_arguments` turns it into the keyword).
     """
-    unknown = [name for name in settings if name not in SETTINGS]
+    unknown = [name for name in settings if name not in SETTINGS and name != "max_tokens"]
     if unknown:
         raise ConfigError(f"decode.{unknown[0]}: not a decode setting; the settings are "
                           f"{', '.join(SETTINGS)}")
+    if "max_tokens" in settings:  # the old name replaces base's batch_tokens, as the new one would
+        settings = {"batch_tokens": settings["max_tokens"], **settings}
     try:
         return to_dataclass(_Settings, {"decode": {**asdict(base), **settings}}).decode
     except OmegaConfBaseException as e:  # a value of the wrong type: one line naming the key

@@ -4,8 +4,8 @@ Within the bounds on its settings (`transformer/bounds.py`: `decode.beam_size` a
 128), a decoding batch can still ask for more memory than the machine has (beam 128 over
 a batch of 2,000 one-token sentences is 256,000 rows of a vocabulary-sized score vector):
 `check_decode_memory` estimates the largest batch's need before the first one runs and
-refuses it, in one line naming `decode.beam_size` and `decode.max_tokens`, where it
-exceeds the memory free now (`bounds.available_memory`). On a GPU, `decode_max_tokens`
+refuses it, in one line naming `decode.beam_size` and `decode.batch_tokens`, where it
+exceeds the memory free now (`bounds.available_memory`). On a GPU, `decode_batch_tokens`
 sizes the default batch to the memory free.
 """
 
@@ -32,8 +32,8 @@ def decode_batch_bytes(model_cfg: ModelConfig, n_sentences: int, src_len: int, b
     return rows * (scores + caches + src_len * d * act_bytes)
 
 
-def decode_max_tokens(model_cfg: ModelConfig, cfg: DecodeConfig, free: int | None, floor: int,
-                      ceiling: int, share: float = 0.5) -> int:
+def decode_batch_tokens(model_cfg: ModelConfig, cfg: DecodeConfig, free: int | None, floor: int,
+                        ceiling: int, share: float = 0.5) -> int:
     """The source tokens a decoding batch may hold on a device with `free` bytes free: the
     largest of floor, 2 * floor, ... up to ceiling whose worst batch fits in `share` of it.
 
@@ -80,10 +80,10 @@ def check_decode_memory(model_cfg: ModelConfig, batches: list[list[int]], cfg: D
     worst = max(batches, key=need)
     if need(worst) > free:
         raise ConfigError(
-            f"decode.beam_size={cfg.beam_size} with decode.max_tokens={cfg.max_tokens}: a decoding "
+            f"decode.beam_size={cfg.beam_size} with decode.batch_tokens={cfg.batch_tokens}: a decoding "
             f"batch of {len(worst)} sentences x beam {beam} would need about {_gb(need(worst))} of "
             f"memory, and {_gb(free)} is free on {device.type}: lower decode.beam_size or "
-            "decode.max_tokens")
+            "decode.batch_tokens")
 
 
 def _gb(n: int) -> str:

@@ -36,7 +36,7 @@ How a DecodeConfig becomes `Translator.translate_batch` arguments:
   pieces cut at clauses, then words (`sentences.segment`), as for our model; CTranslate2
   refuses positions past the stored table.
 - decode.precision does not apply: the weights' type is the export's quantization (the
-  Translator's compute_type "default"); decode.max_tokens batches as for our model.
+  Translator's compute_type "default"); decode.batch_tokens batches as for our model.
 
 What is not the same (tests/deploy/test_ct2_export.py checks the rest):
 - min_len: CTranslate2 masks EOS before its softmax, so during the first min_len steps

@@ -9,7 +9,8 @@ A hypothesis of `search.search` scores the sum of the log-probabilities of its t
 of its EOS, divided by GNMT's length penalty ((5 + |y|) / 6) ** lenpen (|y| with the EOS).
 The search's constraints (EOS forbidden before min_len, forced at the length limit) choose
 tokens but never change a token's log-probability, so teacher forcing the same tokens
-gives the same number: `unit_scores` computes exactly that, in batches of `max_tokens`.
+gives the same number: `unit_scores` computes exactly that, in batches of `batch_tokens`
+(here pairs times the batch's longest source or target + 1: both sides are read).
 
 A CTranslate2 export (`ct2_model.CT2Model`) is scored with its `score_batch` and the same
 length penalty, plus what CTranslate2's own search adds: it masks EOS *before* its softmax
@@ -43,6 +44,7 @@ from transformer.data.sentences import segment, split_sentences
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import CT2Model
 from transformer.decoding.search import length_penalty, logsumexp
+from transformer.decoding.settings import CPU_BATCH_TOKENS
 from transformer.decoding.text import _inference_mode
 from transformer.decoding.tokens import token_details
 
@@ -70,17 +72,17 @@ def unit_scores(model, src: Sequence[list[int]], tgt: Sequence[list[int]], cfg: 
     if isinstance(model, CT2Model):
         totals = _ct2_totals(model, src, tgt, cfg.min_len)
     else:
-        totals = _totals(model, src, tgt, cfg.max_tokens or 2000, device)
+        totals = _totals(model, src, tgt, cfg.batch_tokens or CPU_BATCH_TOKENS, device)
     return [total / length_penalty(len(ids) + 1, cfg.lenpen) for total, ids in zip(totals, tgt, strict=True)]
 
 
-def _totals(model, src: Sequence[list[int]], tgt: Sequence[list[int]], max_tokens: int,
+def _totals(model, src: Sequence[list[int]], tgt: Sequence[list[int]], batch_tokens: int,
             device: torch.device) -> list[float]:
     """Sum of log p(token) over each target and its EOS, teacher-forced, batched by length."""
     cfg = model.cfg
     totals = [0.0] * len(src)
     lengths = [max(len(s), len(t) + 1, 1) for s, t in zip(src, tgt, strict=True)]
-    for batch in length_batches(lengths, max_tokens):
+    for batch in length_batches(lengths, batch_tokens):
         src_ids = pad([src[i] or [cfg.pad_id] for i in batch], cfg.pad_id).to(device)  # (B, S)
         tgt_in = pad([[cfg.bos_id, *tgt[i]] for i in batch], cfg.pad_id).to(device)  # (B, T)
         tgt_out = pad([[*tgt[i], cfg.eos_id] for i in batch], cfg.pad_id).to(device)  # (B, T)
@@ -124,7 +126,7 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
             (`Translation.tokens`), taken as they are (no tokenising again), paired with
             a source of one sentence (else the line is scored whole).
         cfg: settings with their device defaults filled in (`settings.decode_settings`):
-            lenpen, split_sentences, max_tokens, precision; min_len for an export.
+            lenpen, split_sentences, batch_tokens, precision; min_len for an export.
         device: where the model is.
         details: if given, receives per line the log-probabilities of its pieces and
             EOS (each sentence's EOS after its pieces), `tokens.token_details`.
@@ -171,7 +173,7 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
     with contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device):
         found = unit_scores(model, src, tgt, cfg, device)
         if details is not None:
-            per_unit = token_details(model, src, tgt, cfg.max_tokens or 2000, device,
+            per_unit = token_details(model, src, tgt, cfg.batch_tokens or CPU_BATCH_TOKENS, device,
                                      min_len=cfg.min_len)
             details.extend([] for _ in sources)
             for i, detail in zip(owner, per_unit, strict=True):

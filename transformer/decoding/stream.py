@@ -5,12 +5,13 @@
 
 `text.translate_nbest` takes a list, whole: a million-line generator would be read (and
 held) before its first line is translated. `iter_nbest` reads lines into a window until
-it holds one decoding batch's worth of source tokens (decode.max_tokens: 2,000 on a CPU; on
-CUDA 8,000 doubled while half the free memory holds the worst batch, at most 64,000; at
-most that many lines, however short, and at most WINDOW_LINES), translates the window with
-`translate_nbest` (which sorts its sentences by length and batches them, as for a whole
-file), and yields the window's n-best lists in input order before it reads on. Memory
-is bounded by the window, whatever the input's length.
+it holds one decoding batch's worth of source tokens (decode.batch_tokens: 2,000 on a CPU;
+on CUDA 8,000 doubled while half the free memory holds the worst batch, at most 64,000; at
+most that many lines, however short, and at most WINDOW_LINES), each line split into
+sentences and encoded as it is read; translates the window's sentences with
+`translate_nbest` (which sorts them by length and batches them, as for a whole file), and
+yields the window's n-best lists in input order before it reads on. Memory is bounded by
+the window, whatever the input's length.
 
 An interactive input (a terminal, a pipe that a person or a server writes into) should
 not wait for a full window: given `ready` (`input_ready(stdin)`: whether the input has a
@@ -25,12 +26,14 @@ import contextlib
 import select
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from transformer.config import DecodeConfig
 from transformer.data.corpus import normalize
+from transformer.data.sentences import Segments, segment
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import CT2Model
 from transformer.decoding.settings import decode_settings
@@ -60,31 +63,48 @@ def input_ready(source: object) -> Callable[[], bool] | None:
     return ready
 
 
-# At most this many lines a window, whatever max_tokens allows (131,072 tokens of short
+# At most this many lines a window, whatever batch_tokens allows (131,072 tokens of short
 # lines was 118,160 lines read, and nothing yielded, from an endless input): the first
 # results come after a bounded read, and a window still fills several decoding batches.
 WINDOW_LINES = 1024
 
 
-def windows(lines: Iterable[str], tokenizer: Tokenizer, max_tokens: int,
-            ready: Callable[[], bool] | None = None) -> Iterator[list[str]]:
-    """Consecutive runs of `lines`, each closed once it holds `max_tokens` source tokens
+@dataclass
+class Window:
+    """A run of input lines, and the same lines split into sentences and encoded
+    (`sentences.segment`): what `text.translate_nbest` decodes, encoded once."""
+
+    lines: list[str] = field(default_factory=list)
+    segments: Segments = field(default_factory=lambda: Segments(n_lines=0))
+
+
+def windows(lines: Iterable[str], tokenizer: Tokenizer, batch_tokens: int,
+            ready: Callable[[], bool] | None = None, *, max_len: int,
+            split: bool = True) -> Iterator[Window]:
+    """Consecutive runs of `lines`, each closed once it holds `batch_tokens` source tokens
     or lines, WINDOW_LINES lines, or (with `ready`) when no further line is waiting.
+
+    Each line is split into sentences (if `split`) and encoded as it is read, its units
+    cut to `max_len` ids (the model's max_positions): its tokens are those of its units,
+    and the window hands them on (`Window.segments`), so no line is encoded twice.
 
     Raises:
         TypeError: a line that is not a str (named by its index: `lines[3]`).
     """
-    window: list[str] = []
+    window = Window()
     tokens = 0
     for n, line in enumerate(lines, start=1):
         if not isinstance(line, str):
             raise TypeError(f"lines[{n - 1}] is a {type(line).__name__}, not a str")
-        window.append(line)
-        tokens += len(tokenizer.encode([normalize(line)])[0])
-        if tokens >= max_tokens or len(window) >= min(max_tokens, WINDOW_LINES) or (ready is not None and not ready()):
+        units = segment([line], tokenizer, max_len, split)
+        window.lines.append(line)
+        window.segments.extend(units)
+        tokens += sum(map(len, units.ids))
+        if (tokens >= batch_tokens or len(window.lines) >= min(batch_tokens, WINDOW_LINES)
+                or (ready is not None and not ready())):
             yield window
-            window, tokens = [], 0
-    if window:
+            window, tokens = Window(), 0
+    if window.lines:
         yield window
 
 
@@ -139,19 +159,21 @@ def _iterate(model, tokenizer, lines, cfg, device, ready, around, progress, coun
     bar = tqdm(unit="line", file=sys.stderr, disable=not progress)
     done = 0
     try:
-        for window in windows(lines, tokenizer, cfg.max_tokens, ready):
+        for window in windows(lines, tokenizer, cfg.batch_tokens, ready,
+                              max_len=model.cfg.max_positions, split=cfg.split_sentences):
             found: dict[str, int] = {}
             prefix = None if prefixes is None else [
                 tokenizer.encode([normalize(p)])[0] if (p := next(prefixes, None)) else None
-                for _ in window]
+                for _ in window.lines]
             with around() if around is not None else contextlib.nullcontext():
-                nbest = translate_nbest(model, tokenizer, window, cfg, device, counts=found,
-                                        first_line=done + 1, prefixes=prefix)
-            done += len(window)
+                nbest = translate_nbest(model, tokenizer, window.lines, cfg, device, counts=found,
+                                        first_line=done + 1, prefixes=prefix,
+                                        segments=window.segments)
+            done += len(window.lines)
             if counts is not None:
                 for key, value in found.items():
                     counts[key] = counts.get(key, 0) + value
-            bar.update(len(window))
+            bar.update(len(window.lines))
             yield from nbest
     finally:
         bar.close()

@@ -91,6 +91,7 @@ def translate_nbest(
     first_line: int = 1,
     prefixes: Sequence[list[int] | None] | None = None,
     units: list[Unit] | None = None,
+    segments: Segments | None = None,
 ) -> list[list[tuple[str, float]]]:
     """The n-best (text, score) list of every line, in input order.
 
@@ -123,6 +124,9 @@ def translate_nbest(
             None): they force the first sentence's first tokens (`constraints.py`).
         units: if given, receives a `Unit` per decoded sentence (and piece), in reading
             order: its line, its source ids and its hypotheses' ids (`Translator`'s tokens).
+        segments: `lines` already split into sentences and encoded (`sentences.segment`,
+            with the model's max_positions and cfg.split_sentences), as `stream.windows`
+            gives them: each line is then encoded once; None: done here.
 
     Returns:
         For each line, in input order, its n-best list of (text, score), best first: one
@@ -141,7 +145,10 @@ def translate_nbest(
         device = model.device if exported else next(model.parameters()).device
     device = torch.device(device)
     cfg = decode_settings(cfg, device, model)
-    segs = segment(lines, tokenizer, model.cfg.max_positions, cfg.split_sentences)
+    segs = segments if segments is not None else segment(lines, tokenizer, model.cfg.max_positions,
+                                                         cfg.split_sentences)
+    if segs.n_lines != len(lines):
+        raise ValueError(f"segments of {segs.n_lines} lines given with {len(lines)} lines")
     _warn_long(segs, model.cfg.max_positions, first_line)
     if counts is not None:
         counts.update(lines=len(lines), sentences=segs.sentences, units=len(segs.ids))
@@ -153,7 +160,7 @@ def translate_nbest(
     hyp_ids: list[list[list[int]]] = [[[]] for _ in src]
     todo = [i for i, ids in enumerate(src) if ids]
     lengths = [len(src[i]) for i in todo]
-    batches = list(length_batches(lengths, cfg.max_tokens, cfg.max_batch_size))
+    batches = list(length_batches(lengths, cfg.batch_tokens, cfg.max_batch_size))
     check_decode_memory(model.cfg, [[lengths[j] for j in b] for b in batches], cfg, device)
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
     mode = contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device)
@@ -301,7 +308,8 @@ def format_nbest(nbest: list[list[tuple[str, float]]], start: int = 0) -> list[s
 
 
 def load_for_inference(
-    checkpoint: str | None, device_pref: str, threads: int | None = None, dtype: str | None = None
+    checkpoint: str | None, device_pref: str, threads: int | None = None, dtype: str | None = None,
+    dtype_key: str = "dtype",
 ) -> tuple[Transformer | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
@@ -323,6 +331,7 @@ def load_for_inference(
             `auto` (`device.resolve_precision`'s choice), `fp32`, `bf16` or `fp16`
             (CUDA); None: as saved (fp32). A model decoded in another precision gets
             copies of its weights for each call (`weights.held_in`). Not for an export.
+        dtype_key: the key errors about `dtype` name (the commands': decode.precision).
 
     Returns:
         model: a `Transformer` in eval mode on the device, or a `CT2Model`.
@@ -339,10 +348,11 @@ def load_for_inference(
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
     if is_export(checkpoint):
         if dtype not in (None, "auto"):
-            raise ConfigError(f"dtype={dtype}: an export computes in the type it was exported with")
+            raise ConfigError(f"{dtype_key}={dtype}: an export computes in the type it was "
+                              f"exported with; leave {dtype_key}=auto")
         return load_export(checkpoint, device_pref, threads)
     device = resolve_device(device_pref, key="device")
-    held = None if dtype is None else DTYPES[resolve_precision(dtype, device, key="dtype")[0]]
+    held = None if dtype is None else DTYPES[resolve_precision(dtype, device, key=dtype_key)[0]]
     if device.type == "cpu":
         keep_large_blocks_in_the_heap()
         if threads is not None:

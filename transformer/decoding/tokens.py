@@ -46,13 +46,13 @@ class TokenDetail:
     attention: list[list[float]] | None = None
 
 
-def token_details(model, src: Sequence[list[int]], tgt: Sequence[list[int]], max_tokens: int,
+def token_details(model, src: Sequence[list[int]], tgt: Sequence[list[int]], batch_tokens: int,
                   device: torch.device, attention: bool = False,
                   min_len: int = 0) -> list[TokenDetail]:
     """The detail of each target `tgt[i]` (ids, no BOS or EOS) for source `src[i]`.
 
     Our model runs in the mode and precision the caller set up (`Translator` does),
-    batched by length to `max_tokens`; an export (`CT2Model`) through `score_batch`, with
+    batched by length to `batch_tokens`; an export (`CT2Model`) through `score_batch`, with
     `min_len` its search's EOS masking (module docstring).
 
     Raises:
@@ -63,7 +63,7 @@ def token_details(model, src: Sequence[list[int]], tgt: Sequence[list[int]], max
         return [TokenDetail(lp) for lp in model.log_probs(list(src), list(tgt), min_len)]
     found: list[TokenDetail] = [TokenDetail([]) for _ in src]
     lengths = [max(len(s), len(t) + 1, 1) for s, t in zip(src, tgt, strict=True)]
-    for batch in length_batches(lengths, max_tokens):
+    for batch in length_batches(lengths, batch_tokens):
         for i, detail in zip(batch, _forced(model, [src[i] for i in batch], [tgt[i] for i in batch],
                                             device, attention), strict=True):
             found[i] = detail
@@ -133,7 +133,7 @@ def alignment(attention: list[list[float]], n_tokens: int) -> list[int]:
     return [max(range(len(row)), key=row.__getitem__) if row else -1 for row in attention[:n_tokens]]
 
 
-def line_details(model, tokenizer, units: Sequence, found: Sequence[Sequence], max_tokens: int,
+def line_details(model, tokenizer, units: Sequence, found: Sequence[Sequence], batch_tokens: int,
                  device: torch.device, attention: bool = False,
                  min_len: int = 0) -> list[list[dict]]:
     """Per line, per entry of its n-best list `found[line]`, the token-level fields of a
@@ -143,7 +143,7 @@ def line_details(model, tokenizer, units: Sequence, found: Sequence[Sequence], m
     pairs = [(u, k) for u, unit in enumerate(units) for k in range(len(found[unit.line]))
              if unit.src]
     got = token_details(model, [units[u].src for u, _ in pairs],
-                        [units[u].hyps[k] for u, k in pairs], max_tokens, device, attention,
+                        [units[u].hyps[k] for u, k in pairs], batch_tokens, device, attention,
                         min_len)
     detail = dict(zip(pairs, got, strict=True))
     by_line: list[list[int]] = [[] for _ in found]

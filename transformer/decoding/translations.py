@@ -20,6 +20,7 @@ import torch
 
 from transformer.config import DecodeConfig
 from transformer.data.corpus import normalize
+from transformer.data.sentences import Segments
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import as_arguments
 from transformer.decoding.ct2_model import CT2Model
@@ -63,24 +64,25 @@ class Translation:
 def translate_batch(model, tokenizer: Tokenizer, batch: list[str], cfg: DecodeConfig,
                     device: torch.device, nbest: int | None, scores: bool, attention: bool,
                     prefixes: list[list[int] | None] | None = None,
-                    first_line: int = 1) -> list[Any]:
+                    first_line: int = 1, segments: Segments | None = None) -> list[Any]:
     """Lines translated (`text.translate_nbest`) and shaped as `Translator.translate`
     returns them: a str or a `Translation` per line (nbest: a list of those); `scores`
     adds tokens and token scores, `attention` (a checkpoint's only) the attention.
+    `segments`: the lines already split and encoded (`stream.Window`).
 
     Raises:
         ConfigError: a bad setting or prefix (`translate_nbest`), attention of an export.
     """
     check_attention(model, attention)
     units: list[Unit] | None = [] if scores else None
+    cfg = decode_settings(cfg, device, model)  # once: translate_nbest reuses it
     found = translate_nbest(model, tokenizer, batch, cfg, device, first_line=first_line,
-                            prefixes=prefixes, units=units)
+                            prefixes=prefixes, units=units, segments=segments)
     details = None
     if units is not None:
-        cfg = decode_settings(cfg, device, model)
         exported = isinstance(model, CT2Model)
         with contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device):
-            details = line_details(model, tokenizer, units, found, cfg.max_tokens, device,
+            details = line_details(model, tokenizer, units, found, cfg.batch_tokens, device,
                                    attention, cfg.min_len)
     return [shaped(hyps, nbest, scores, details[i] if details else None)
             for i, hyps in enumerate(found)]
@@ -89,7 +91,7 @@ def translate_batch(model, tokenizer: Tokenizer, batch: list[str], cfg: DecodeCo
 def translate_windows(model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig,
                       device: torch.device, nbest: int | None, scores: bool, attention: bool,
                       around: Callable[[], contextlib.AbstractContextManager]) -> Iterator[Any]:
-    """`translate_batch` a window at a time (`stream.windows`: `cfg.max_tokens` source
+    """`translate_batch` a window at a time (`stream.windows`: `cfg.batch_tokens` source
     tokens or lines, or what an interactive input has waiting), each inside `around()`;
     errors name the Python keywords (`arguments.as_arguments`). Attention of an export is
     refused here, at the call; the windows are read lazily."""
@@ -102,12 +104,13 @@ def _translate_windows(model, tokenizer: Tokenizer, lines: Iterable[str], cfg: D
                        around: Callable[[], contextlib.AbstractContextManager]) -> Iterator[Any]:
     done = 0
     with as_arguments():
-        for window in windows(lines, tokenizer, cfg.max_tokens, input_ready(lines)):
+        for window in windows(lines, tokenizer, cfg.batch_tokens, input_ready(lines),
+                              max_len=model.cfg.max_positions, split=cfg.split_sentences):
             with around():
-                found = translate_batch(model, tokenizer, window, cfg, device, nbest, scores,
-                                        attention, None, done + 1)
+                found = translate_batch(model, tokenizer, window.lines, cfg, device, nbest,
+                                        scores, attention, None, done + 1, window.segments)
             yield from found
-            done += len(window)
+            done += len(window.lines)
 
 
 def shaped(hyps: list[tuple[str, float]], nbest: int | None, scores: bool,

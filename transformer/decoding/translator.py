@@ -29,7 +29,7 @@ work running meanwhile runs with that count too.
 Threads: one Translator may serve several Python threads at once. Each call keeps its
 settings to itself (nothing a call is given is written on the Translator), the model is
 put in eval mode once, when the Translator is made, and never flipped by a call, and the
-batch sizes are resolved once (`max_tokens`, `max_batch_size`), so each thread gets what
+batch sizes are resolved once (`batch_tokens`, `max_batch_size`), so each thread gets what
 the same calls made one after another would give. Not safe: changing the Translator's
 `decode`, or the model itself (`model.train()`, new weights), while calls run.
 """
@@ -59,7 +59,7 @@ from transformer.decoding.arguments import (
 )
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.scoring import score_lines
-from transformer.decoding.settings import DTYPES, decode_settings
+from transformer.decoding.settings import DTYPES, decode_settings, resolved
 from transformer.decoding.translations import (
     Translation,
     encode_prefixes,
@@ -96,8 +96,10 @@ class Translator:
         device = torch.device(device)
         with as_arguments():
             _check_threads(threads)
-            settings = decode_config(DecodeConfig() if decode is None else decode, {})
-            self.decode = decode_settings(settings, device, model)
+            decode = DecodeConfig() if decode is None else decode
+            if not resolved(decode, device, model):  # `load` resolves; a user's is checked here
+                decode = decode_settings(decode_config(decode, {}), device, model)
+            self.decode = decode
         if not isinstance(model, CT2Model):
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
@@ -209,7 +211,7 @@ class Translator:
                            **settings: Any) -> Iterator[Any]:
         """Translate any iterable of lines lazily: one result per line, in input order.
 
-        Lines are read a decoding batch's worth at a time (`max_tokens` source tokens or
+        Lines are read a decoding batch's worth at a time (`batch_tokens` source tokens or
         lines) and given back before more are read; from a file object with a descriptor
         (`sys.stdin`, a pipe) a batch also ends when no further line is waiting. The
         keywords are `translate`'s (but `target_prefix`), checked at the call.
@@ -220,9 +222,7 @@ class Translator:
                 when the iterator reaches it.
         """
         check_iterable(lines)
-        cfg = self._config(settings, nbest)
-        with as_arguments():
-            cfg = decode_settings(cfg, self.device, self.model)  # a bad setting before any line
+        cfg = self._config(settings, nbest)  # a bad setting before any line
         return translate_windows(_in_dtype(self.model, cfg), self.tokenizer, lines, cfg, self.device, nbest,
                                  return_scores or return_attention, return_attention,
                                  around=lambda: torch_threads(self.threads))
@@ -250,7 +250,7 @@ class Translator:
             sources: the Italian lines (or one str).
             targets: one per source (one with a str): a text or a list of pieces.
             return_tokens: give (score, token_scores) per line (`Translation.token_scores`).
-            **settings: as for `translate`; `lenpen`, `split_sentences`, `max_tokens`,
+            **settings: as for `translate`; `lenpen`, `split_sentences`, `batch_tokens`,
                 `precision` apply, and for an export `min_len`.
 
         Returns a float per line (for a str, one float); with return_tokens (float, list).
@@ -263,14 +263,18 @@ class Translator:
         cfg = self._config(settings, None)
         details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
-            cfg = decode_settings(cfg, self.device, self.model)
             scores = score_lines(_in_dtype(self.model, cfg), self.tokenizer, src, tgt, cfg, self.device, details)
         out = scores if details is None else list(zip(scores, details, strict=True))
         return out[0] if single else out
 
     def _config(self, settings: dict[str, Any], nbest: int | None) -> DecodeConfig:
-        with as_arguments():  # this call's settings, checked (a ConfigError names the keyword)
-            return decode_config(self.decode, settings if nbest is None else {**settings, "nbest": nbest})
+        """This call's settings, resolved once (the Translator's own when it gives none)."""
+        if nbest is not None:
+            settings = {**settings, "nbest": nbest}
+        if not settings:
+            return self.decode
+        with as_arguments():  # checked: a ConfigError names the keyword
+            return decode_settings(decode_config(self.decode, settings), self.device, self.model)
 
     def __repr__(self) -> str:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
@@ -304,6 +308,7 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     if dtype not in PRECISIONS:
         raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(PRECISIONS)}")
     where = check_path(path)  # all of the above before any work
+    held = None  # the weights' dtype where `dtype` names one
     if is_export(where):
         if dtype != "auto":
             raise ConfigError(f"dtype={dtype}: an export computes in the type it was exported "
@@ -313,9 +318,9 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
         torch_device = resolve_device(device, key="device")
         held = resolve_precision(dtype, torch_device, key="dtype")[0] if dtype != "auto" else None
         model, tokenizer = load_model(where, torch_device)
-        held = held or decode_settings(decode, torch_device, model).precision
-        model = model.to(DTYPES[held])  # the weights in the dtype the step computes in
-    decode_settings(decode, torch_device, model)  # what depends on the device and the model
+    decode = decode_settings(decode, torch_device, model)  # once: the Translator keeps it
+    if not isinstance(model, CT2Model):  # the weights in the dtype the step computes in
+        model = model.to(DTYPES[held or decode.precision])
     if torch_device.type == "cpu" and not isinstance(model, CT2Model):
         _warn_if_spinning(threads or torch.get_num_threads())
     return model, tokenizer, where, torch_device, decode
