@@ -303,3 +303,26 @@ def test_mps_where_there_is_none_is_refused_with_the_settings(key, monkeypatch):
     if key == "trainer.device":
         with pytest.raises(ConfigError, match="Apple's MPS is not available"):
             to_dataclass(TrainConfig, compose_cfg("debug=default", "data=sample", "trainer.device=mps"))
+
+
+def test_the_old_decode_max_tokens_moves_to_batch_tokens_with_one_warning(monkeypatch, caplog):
+    """decode.max_tokens is accepted as the old name of decode.batch_tokens: a one-line
+    warning (once a process) names the new key; both given differently are refused."""
+    import logging
+
+    from transformer import config as config_module
+
+    monkeypatch.setattr(config_module, "_deprecations_told", set())
+    with caplog.at_level(logging.WARNING, logger="transformer.config"):
+        old = DecodeConfig(max_tokens=300)
+        typed = to_dataclass(DecodeConfig, {"max_tokens": 500})
+    assert (old.batch_tokens, old.max_tokens) == (300, None) and typed.batch_tokens == 500
+    assert old == DecodeConfig(batch_tokens=300)
+    assert [r.getMessage() for r in caplog.records] == [
+        "decode.max_tokens is deprecated: it is now decode.batch_tokens (source tokens per decoding batch)"]
+    assert DecodeConfig(max_tokens=300, batch_tokens=300).batch_tokens == 300
+    with pytest.raises(ConfigError, match=r"^decode.max_tokens=300: the old name of decode.batch_tokens, "
+                                          r"which is given too \(200\): give decode.batch_tokens alone$"):
+        DecodeConfig(max_tokens=300, batch_tokens=200)
+    with pytest.raises(ConfigError, match=r"^decode.max_tokens=0: must be >= 1$"):
+        DecodeConfig(max_tokens=0)

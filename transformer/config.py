@@ -372,6 +372,7 @@ class DecodeConfig:
         both given with different values is refused, naming both."""
         if self.max_tokens is None:
             return
+        positive("decode.max_tokens", self.max_tokens)  # named as typed, not as batch_tokens
         require(self.batch_tokens in (None, self.max_tokens), "decode.max_tokens", self.max_tokens,
                 f"the old name of decode.batch_tokens, which is given too ({self.batch_tokens}): "
                 "give decode.batch_tokens alone")

@@ -12,6 +12,7 @@ import torch
 
 from transformer.config import DecodeConfig
 from transformer.data.corpus import normalize
+from transformer.data.sentences import segment, split_sentences
 from transformer.decoding.stream import input_ready, iter_nbest, windows
 from transformer.decoding.text import translate_nbest
 
@@ -116,3 +117,42 @@ def test_iter_nbest_refuses_a_bad_setting_before_reading_a_line(loaded):
     with pytest.raises(ConfigError):
         iter_nbest(model, tokenizer, lines(), DecodeConfig(method="beam", beam_size=0))
     assert pulled == []
+
+
+def test_a_window_hands_on_its_lines_split_and_encoded_as_a_whole_file_is():
+    for window in windows(TEXT + ["", "Ciao. Come stai?"], sample_tokenizer(), 12, max_len=MAX_LEN):
+        whole = segment(window.lines, sample_tokenizer(), MAX_LEN)
+        assert (window.segments.ids, window.segments.owner) == (whole.ids, whole.owner)
+        assert window.segments.n_lines == len(window.lines)
+
+
+class CountingTokenizer:
+    """A tokenizer that records every text it is asked to encode."""
+
+    def __init__(self, tokenizer):
+        self.inner, self.encoded = tokenizer, []
+
+    def encode(self, texts):
+        self.encoded.extend(texts)
+        return self.inner.encode(texts)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_streamed_line_is_encoded_once(loaded):
+    """iter_nbest (mt-translate) and Translator.translate_iterable encode each sentence of
+    each line once, however many windows the input makes."""
+    from transformer import Translator
+
+    model, tokenizer = loaded
+    lines = [*LINES, "Ciao. Come stai? Bene.", *LINES]
+    sentences = sorted(s for line in lines for s in split_sentences(line))
+    assert len(list(windows(lines, tokenizer, 6, max_len=model.cfg.max_positions))) > 3
+    counting = CountingTokenizer(tokenizer)
+    found = list(iter_nbest(model, counting, iter(lines), DecodeConfig(**FAST, batch_tokens=6)))
+    assert len(found) == len(lines) and sorted(counting.encoded) == sentences
+    counting = CountingTokenizer(tokenizer)
+    translator = Translator(model, counting, decode=DecodeConfig(**FAST))
+    found = list(translator.translate_iterable(iter(lines), batch_tokens=6, return_scores=True))
+    assert len(found) == len(lines) and sorted(counting.encoded) == sentences

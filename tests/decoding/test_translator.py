@@ -570,6 +570,39 @@ def test_the_gpu_batch_size_is_resolved_once_per_translator(words, monkeypatch):
     assert translator._config({"batch_tokens": 3000}, None).batch_tokens == 3000  # per call when given
 
 
+def test_decode_settings_are_resolved_once_per_translator_call_and_command(words, tmp_path, monkeypatch):
+    """`load` resolves the settings once; a call without settings of its own reuses them,
+    a call with some resolves them once for all its windows; mt-translate once for a file
+    of many windows (settings.resolve_precision counted)."""
+    from transformer.decoding.stream import windows
+
+    calls = []
+    real = settings.resolve_precision
+    monkeypatch.setattr(settings, "resolve_precision",
+                        lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    translator = Translator.load(words, **SHORT)
+    assert len(calls) == 1
+    translator.translate(ONE_SENTENCE)
+    translator.translate(ONE_SENTENCE, return_scores=True)
+    translator.score(ONE_SENTENCE[:2], ["Ciao", "Sì"])
+    assert len(calls) == 1  # the Translator's own settings, as they were resolved
+    assert len(list(windows(ONE_SENTENCE, translator.tokenizer, 5, max_len=32))) > 2
+    found = list(translator.translate_iterable(ONE_SENTENCE, batch_tokens=5, return_scores=True))
+    assert len(found) == len(ONE_SENTENCE) and len(calls) == 2
+    mt_translate(monkeypatch, tmp_path, words, "decode=greedy", "decode.batch_tokens=5")
+    assert len(calls) == 3
+
+
+def test_the_old_max_tokens_keyword_is_batch_tokens(words, caplog):
+    translator = Translator.load(words, **SHORT)
+    with caplog.at_level(logging.WARNING):
+        old = translator.translate(ONE_SENTENCE, max_tokens=5)
+    assert old == translator.translate(ONE_SENTENCE, batch_tokens=5)
+    assert translator._config({"max_tokens": 7}, None).batch_tokens == 7  # not the Translator's
+    with pytest.raises(ConfigError, match=r"^max_tokens=0: must be >= 1$"):
+        translator.translate("Ciao", max_tokens=0)
+
+
 def test_threads_sharing_a_translator_get_what_sequential_calls_give(words, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
