@@ -32,7 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.config import DecodeConfig
 from transformer.data.corpus import read_lines
-from transformer.decoding.text import load_for_inference, translate_nbest
+from transformer.decoding.loading import load_for_inference
+from transformer.decoding.text import translate_nbest
 
 VIEWS = frozenset({"view", "transpose", "unsqueeze", "slice", "expand", "t", "_unsafe_view",
                    "flatten", "select", "detach", "alias", "reshape", "squeeze", "as_strided",
@@ -97,7 +98,7 @@ def _run(model, tokenizer, device, lines, cfg, batches: list[dict], counting: bo
 
 
 def profile(checkpoint: str, lines: list[str], device: str = "auto", methods=("beam", "greedy"),
-            beam_size: int = 5, max_tokens: int | None = None, dtype: str | None = "auto",
+            beam_size: int = 5, batch_tokens: int | None = None, dtype: str | None = "auto",
             json_path: Path | None = None, expandable: bool = False) -> dict:
     """The per-batch report for each method: {method: {"batches": [...], "sent_per_s": x},
     "expandable_segments": {...} (a child's report, with `expandable`)}."""
@@ -109,7 +110,7 @@ def profile(checkpoint: str, lines: list[str], device: str = "auto", methods=("b
             Path(json_path).write_text(json.dumps(report, indent=1))
 
     for method in methods:
-        cfg = DecodeConfig(method=method, beam_size=beam_size, max_tokens=max_tokens)
+        cfg = DecodeConfig(method=method, beam_size=beam_size, batch_tokens=batch_tokens)
         batches: list[dict] = []
         report[method] = {"batches": batches}
         start = time.perf_counter()
@@ -119,18 +120,18 @@ def profile(checkpoint: str, lines: list[str], device: str = "auto", methods=("b
         _run(model, tokenizer, torch_device, lines, cfg, batches, counting=True, save=save)
     if expandable and torch_device.type == "cuda":
         report["expandable_segments"] = _child(checkpoint, lines, device, methods, beam_size,
-                                               max_tokens, dtype)
+                                               batch_tokens, dtype)
         save()
     return report
 
 
-def _child(checkpoint, lines, device, methods, beam_size, max_tokens, dtype) -> dict:
+def _child(checkpoint, lines, device, methods, beam_size, batch_tokens, dtype) -> dict:
     """The same profile in a child process under expandable_segments:True."""
     env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     args = [sys.executable, __file__, checkpoint, "-", "--device", device, "--methods",
             ",".join(methods), "--beam-size", str(beam_size), "--dtype", str(dtype)]
-    if max_tokens:
-        args += ["--max-tokens", str(max_tokens)]
+    if batch_tokens:
+        args += ["--batch-tokens", str(batch_tokens)]
     done = subprocess.run(args, input="\n".join(lines), capture_output=True, text=True, env=env)
     if done.returncode:
         return {"status": "failed", "error": done.stderr.strip().splitlines()[-1:]}
@@ -145,7 +146,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--methods", default="beam,greedy")
     parser.add_argument("--beam-size", type=int, default=5)
-    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--batch-tokens", type=int, default=None)
     parser.add_argument("--dtype", default="auto", help="the weights' dtype (load_for_inference)")
     parser.add_argument("--expandable", action="store_true",
                         help="also the timed pass under expandable_segments:True (CUDA)")
@@ -154,7 +155,7 @@ def main() -> None:
     lines = sys.stdin.read().splitlines() if args.input == "-" else read_lines(args.input)
     lines = lines[:args.lines] if args.lines else lines
     report = profile(args.checkpoint, lines, args.device, tuple(args.methods.split(",")),
-                     args.beam_size, args.max_tokens, None if args.dtype == "None" else args.dtype,
+                     args.beam_size, args.batch_tokens, None if args.dtype == "None" else args.dtype,
                      args.json, args.expandable)
     print(json.dumps(report))
 

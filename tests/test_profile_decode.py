@@ -19,7 +19,7 @@ def test_the_profile_reports_every_batch_and_writes_it(tmp_path):
     lines = ["Il gatto dorme.", "Ciao!", "Che ore sono adesso?"] * 4
     out = tmp_path / "profile.json"
     report = profile(str(checkpoint), lines, device="cpu", methods=("beam", "greedy"),
-                     max_tokens=20, dtype=None, json_path=out, expandable=True)
+                     batch_tokens=20, dtype=None, json_path=out, expandable=True)
     assert json.loads(out.read_text()) == report
     assert "expandable_segments" not in report  # CUDA only
     for method in ("beam", "greedy"):

@@ -32,13 +32,13 @@ from safetensors.torch import load_model as load_safetensors
 from safetensors.torch import save_model as save_safetensors
 
 from transformer.config import ModelConfig
-from transformer.data.tokenizer import Tokenizer
+from transformer.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from transformer.errors import UserError, writing
 from transformer.model.transformer import Transformer, build_model
 from transformer.outputs import LEFTOVER, STEP_DIR  # the names of a run's checkpoints folder
 
 WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
-    "model.safetensors", "model.json", "tokenizer.model", "config.yaml", "meta.json",
+    "model.safetensors", "model.json", TOKENIZER_FILE, "config.yaml", "meta.json",
     "trainer_state.pt",
 )
 

@@ -35,7 +35,8 @@ from transformer.commands.export import export
 from transformer.config import DataConfig, DecodeConfig
 from transformer.data.pipeline import load_test_set
 from transformer.decoding.ct2_model import CT2Model
-from transformer.decoding.text import load_for_inference, translate_lines
+from transformer.decoding.loading import load_for_inference
+from transformer.decoding.text import translate_lines
 from transformer.deploy.ct2_export import ExportConfig
 from transformer.device import describe_cpu
 

@@ -43,9 +43,9 @@ from transformer.checkpoint import load_model
 from transformer.config import ModelConfig, load_preset, to_dataclass
 from transformer.data.batching import length_batches, pad
 from transformer.data.corpus import read_lines
+from transformer.data.sentences import encode_sources
 from transformer.data.tokenizer import train_tokenizer
 from transformer.decoding.search import beam_search, greedy_search
-from transformer.decoding.text import encode_sources
 from transformer.device import autocast, describe_cpu, keep_large_blocks_in_the_heap
 from transformer.model.attention import set_attention_path
 from transformer.model.transformer import build_model, count_parameters

@@ -115,7 +115,8 @@ def load_line() -> str:
 
 def offline_speed(checkpoint: str, lines: list[str], threads: int) -> list[tuple[str, str, float]]:
     """(search, engine, sentences/s) of `decoding.text.translate_lines` on `lines`, after a warm-up."""
-    from transformer.decoding.text import load_for_inference, translate_lines
+    from transformer.decoding.loading import load_for_inference
+    from transformer.decoding.text import translate_lines
 
     model, tokenizer, device = load_for_inference(checkpoint, "cpu", threads=threads)
     engine = getattr(model, "engine", f"ours (PyTorch), {threads} threads")

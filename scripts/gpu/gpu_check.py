@@ -468,8 +468,9 @@ def step_decode(plan: Plan, work: Path, r: dict) -> dict:
     from transformer.config import DecodeConfig
     from transformer.data.corpus import read_lines
     from transformer.decoding import search as search_module
+    from transformer.decoding.loading import load_for_inference
     from transformer.decoding.settings import decode_settings
-    from transformer.decoding.text import load_for_inference, translate_nbest
+    from transformer.decoding.text import translate_nbest
 
     checkpoint = work / "train" / "checkpoints" / "best"
     if not checkpoint.exists():
@@ -504,7 +505,7 @@ def step_decode(plan: Plan, work: Path, r: dict) -> dict:
         model, tokenizer, device = load_for_inference(str(checkpoint), device_pref, threads=os.cpu_count())
         kind = device.type
         r[kind], hyps[kind] = timed(model, tokenizer, device, src[:n], ref[:n], beam)
-        r[kind] |= {"max_tokens": decode_settings(beam, device, model).max_tokens,
+        r[kind] |= {"batch_tokens": decode_settings(beam, device, model).batch_tokens,
                     "sync_every": search_module.SYNC_EVERY.get(kind, 1)}
         (work / f"hyp.{kind}.en").write_text("".join(f"{h}\n" for h in hyps[kind]))
         save()

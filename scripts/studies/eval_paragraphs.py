@@ -40,7 +40,8 @@ from sacrebleu.metrics import BLEU, CHRF
 from transformer.config import DataConfig, DecodeConfig
 from transformer.data.pipeline import load_test_set
 from transformer.data.sentences import split_sentences
-from transformer.decoding.text import load_for_inference, translate_lines
+from transformer.decoding.loading import load_for_inference
+from transformer.decoding.text import translate_lines
 from transformer.device import describe_cpu
 from transformer.paths import project_path
 

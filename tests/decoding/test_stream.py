@@ -120,7 +120,7 @@ def test_iter_nbest_refuses_a_bad_setting_before_reading_a_line(loaded):
 
 
 def test_a_window_hands_on_its_lines_split_and_encoded_as_a_whole_file_is():
-    for window in windows(TEXT + ["", "Ciao. Come stai?"], sample_tokenizer(), 12, max_len=MAX_LEN):
+    for window in windows([*TEXT, "", "Ciao. Come stai?"], sample_tokenizer(), 12, max_len=MAX_LEN):
         whole = segment(window.lines, sample_tokenizer(), MAX_LEN)
         assert (window.segments.ids, window.segments.owner) == (whole.ids, whole.owner)
         assert window.segments.n_lines == len(window.lines)

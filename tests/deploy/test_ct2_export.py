@@ -26,7 +26,7 @@ from transformer.commands import evaluate, translate
 from transformer.config import ConfigError, DecodeConfig, ModelConfig, to_dataclass
 from transformer.data.batching import pad
 from transformer.data.corpus import read_lines
-from transformer.data.sentences import fit
+from transformer.data.sentences import encode_sources, fit
 from transformer.data.tokenizer import train_tokenizer
 from transformer.decoding import text as decoding
 from transformer.decoding.search import length_penalty, max_lengths, search
@@ -179,7 +179,7 @@ def test_greedy_equals_ours_in_tokens_and_scores(tokenizer, lines, tmp_path, var
     ours, theirs = both(model, ct2, tokenizer, lines, cfg)
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
     assert max(abs(a[0][1] - b[0][1]) for a, b in zip(ours, theirs)) < 1e-4
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
+    src = encode_sources(tokenizer, lines, model.cfg.max_positions)
     limits = [int(1.2 * len(s) + 10) for s in src]
     at_limit = [len(tokenizer.encode([h[0][0]])[0]) >= n for h, n in zip(ours, limits)]
     assert len(set(limits)) > 5
@@ -193,7 +193,7 @@ def test_greedy_min_len_renormalises_the_first_step(pair, tokenizer, lines):
     cfg = DecodeConfig(method="greedy", min_len=1, lenpen=0.0)
     ours, theirs = both(model, ct2, tokenizer, lines, cfg)
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
+    src = encode_sources(tokenizer, lines, model.cfg.max_positions)
     p_eos = [math.exp(lp[0]) for lp in our_log_probs(model, src, [[] for _ in src])]
     for a, b, p in zip(ours, theirs, p_eos):
         assert b[0][1] - a[0][1] == pytest.approx(-math.log1p(-p), abs=1e-4)
@@ -212,7 +212,7 @@ def test_beam_equals_ours_where_the_search_ends_before_the_limit(pair, tokenizer
     And asking for the best alone gives the head of the 5-best list."""
     model, ct2 = pair
     cfg = DecodeConfig(method="beam", beam_size=5, nbest=5, lenpen=lenpen, min_len=0)
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
+    src = encode_sources(tokenizer, lines, model.cfg.max_positions)
     natural = 0
     for ids in src:
         src_ids = pad([ids], model.cfg.pad_id)
@@ -240,7 +240,7 @@ def test_beam_min_len_1_searches_alike_and_scores_the_first_step_renormalised(pa
     -log(1 - p(EOS | <s>)) (lenpen 0)."""
     model, ct2 = pair
     cfg = DecodeConfig(method="beam", beam_size=5, nbest=5, lenpen=0.0, min_len=1)
-    src = decoding.encode_sources(tokenizer, lines, model.cfg.max_positions)
+    src = encode_sources(tokenizer, lines, model.cfg.max_positions)
     p_eos = [math.exp(lp[0]) for lp in our_log_probs(model, src, [[] for _ in src])]
     compared = []
     for ids, p in zip(src, p_eos):

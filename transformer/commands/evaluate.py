@@ -43,8 +43,9 @@ from transformer.config import (
 )
 from transformer.data.corpus import DataError
 from transformer.data.pipeline import load_test_set
+from transformer.decoding.loading import load_for_inference
 from transformer.decoding.settings import decode_settings
-from transformer.decoding.text import load_for_inference, translate_lines
+from transformer.decoding.text import translate_lines
 from transformer.metrics.name_copy import SIGNATURE, name_copy
 
 log = logging.getLogger(__name__)

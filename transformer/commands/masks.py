@@ -29,7 +29,8 @@ from transformer.commands import cli
 from transformer.config import ConfigError, DataConfig, DecodeConfig, check_device, require
 from transformer.data.pipeline import prepare_data
 from transformer.decoding.ct2_model import is_export, load_export_info
-from transformer.decoding.text import load_for_inference, translate_lines
+from transformer.decoding.loading import load_for_inference
+from transformer.decoding.text import translate_lines
 from transformer.inspection.attention_plots import plot_attention_grid, plot_masks
 from transformer.inspection.mask_inspector import (
     KIND_NAMES,

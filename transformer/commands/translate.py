@@ -45,8 +45,9 @@ from transformer.config import (
     require,
 )
 from transformer.data.corpus import iter_decoded, iter_lines
+from transformer.decoding.loading import load_for_inference
 from transformer.decoding.stream import input_ready, iter_nbest
-from transformer.decoding.text import format_nbest, load_for_inference
+from transformer.decoding.text import format_nbest
 
 log = logging.getLogger(__name__)
 

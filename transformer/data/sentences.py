@@ -18,11 +18,15 @@ that alone is too long at word boundaries. Only a single word longer than the li
     segs = segment(lines, tokenizer, max_len=512)        # split=False: one unit per line
     texts = translate(segs.ids)                          # one text per unit
     out = segs.rejoin(texts, join_texts)                 # one text per input line
+
+`encode_sources` encodes lines whole, neither split nor cut into pieces but truncated
+with a warning: what the attention plots, the mask inspector and the benchmarks feed.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import tempfile
@@ -33,6 +37,9 @@ from typing import TypeVar
 import sentence_splitter
 
 from transformer.data.corpus import normalize
+from transformer.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 LANGUAGE = "it"
 # Italian abbreviations missing from the Moses list, found by scripts/studies/compare_splitters.py's
@@ -193,3 +200,18 @@ def _pack(parts: list[str], tokenizer, max_len: int) -> list[str]:
     if current:
         groups.append(" ".join(current))
     return groups
+
+
+def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list[list[int]]:
+    """Normalise as the training data was, encode, and cut to `max_len` (the model's
+    max_positions)
+
+    The ids are what `batching.collate` puts on the source side: no BOS, no EOS.
+    """
+    ids = tokenizer.encode([normalize(line) for line in lines])
+    too_long = [i for i, seq in enumerate(ids) if len(seq) > max_len]
+    if too_long:
+        shown = ", ".join(str(i + 1) for i in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
+        log.warning("%d input line(s) longer than the model's limit of %d tokens were "
+                    "truncated (line %s)", len(too_long), max_len, shown)
+    return [seq[:max_len] for seq in ids]

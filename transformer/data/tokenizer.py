@@ -29,6 +29,8 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 
+# The file a checkpoint directory and an export keep their tokenizer in.
+TOKENIZER_FILE = "tokenizer.model"
 # Bump when the training recipe below changes, so cached vocabularies are not reused.
 TOKENIZER_RECIPE = "2"
 

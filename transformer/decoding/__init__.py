@@ -2,8 +2,9 @@
 
 `search.py` is batched greedy and beam search on the model's key/value cache; `text.py`
 the path from a user's lines to translations (normalise, split into sentences, encode,
-batch by length, search, decode, rejoin) and the commands' loader; `settings.py` the
-decode settings as they will run (the device's defaults filled in); `ct2_model.py` runs a CTranslate2 export in our
+batch by length, search, decode, rejoin); `loading.py` the commands' loader (a
+checkpoint or an export); `settings.py` the decode settings as they will run (the
+device's defaults filled in, once a call); `ct2_model.py` runs a CTranslate2 export in our
 model's place; `translator.py` is the Python face (`Translator.load(path).translate(lines)`),
 and what it runs beside `text.py`: `stream.py` (a stream of lines, a batch at a time, for
 `translate_iterable` and mt-translate), `scoring.py` (forced scoring of given

@@ -65,9 +65,8 @@ from pathlib import Path
 
 import torch
 
-from transformer.checkpoint import TOKENIZER
 from transformer.config import ConfigError, DecodeConfig, ModelConfig
-from transformer.data.tokenizer import Tokenizer
+from transformer.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from transformer.decoding.search import Hypothesis, length_penalty, max_lengths
 
 EXPORT_INFO = "export.json"  # what mt-export adds beside CTranslate2's files
@@ -134,9 +133,9 @@ def load_export(path: str | Path, device_pref: str = "auto", threads: int | None
     `text.load_for_inference` gives them for a checkpoint."""
     device = export_device(device_pref)
     model = CT2Model(path, device, threads)
-    tokenizer = Tokenizer.load(Path(path) / TOKENIZER)
+    tokenizer = Tokenizer.load(Path(path) / TOKENIZER_FILE)
     if [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)] != model.pieces:
-        raise ConfigError(f"{Path(path) / TOKENIZER} does not hold the pieces of the export's "
+        raise ConfigError(f"{Path(path) / TOKENIZER_FILE} does not hold the pieces of the export's "
                           "vocabulary: the tokenizer does not belong to it")
     return model, tokenizer, device
 

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from transformer.config import DecodeConfig
 from transformer.decoding.constraints import Constraints
 from transformer.decoding.finished import Finished, Hypothesis, length_penalty
-from transformer.model.transformer import DecoderCache
+from transformer.model.cache import DecoderCache
 
 __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "length_penalty",
            "logsumexp", "max_lengths", "search"]

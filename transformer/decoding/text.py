@@ -1,4 +1,5 @@
-"""Translating text with a model: normalise, encode, batch by length, search, decode.
+"""Translating text with a model: normalise, split into sentences, encode, batch by
+length, search, decode.
 
 The library behind `mt-translate`, `mt-evaluate` and the trainer's dev BLEU:
 
@@ -10,11 +11,11 @@ Each line is split into sentences first (`transformer.data.sentences`; decode.sp
 and put back together after, so a paragraph translates as its sentences do.
 
 The settings are resolved by `settings.decode_settings` (device defaults filled in, checked
-against the model). `load_for_inference`, the commands' loader, also opens a CTranslate2
-export (mt-export, `transformer/decoding/ct2_model.py`): a `CT2Model`, which
-`translate_nbest` asks for its own search instead of `search.search`. It stays here, where
-scripts and the shared tools import it from: a module of its own, re-exported here, would
-add a link to the package's longest import chain (tests/test_layout.py).
+against the model), once per call: a config it resolved is reused as it is. The model
+may be a CTranslate2 export (mt-export, `transformer/decoding/ct2_model.py`): a
+`CT2Model`, which `translate_nbest` asks for its own search instead of `search.search`.
+`load_for_inference`, the commands' loader, lives in `loading.py` and is importable from
+here too.
 """
 
 from __future__ import annotations
@@ -24,42 +25,22 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
-from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import length_batches, pad
-from transformer.data.corpus import normalize
 from transformer.data.sentences import Segments, join_texts, segment
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.batch_memory import check_decode_memory
-from transformer.decoding.ct2_model import CT2Model, is_export, load_export
+from transformer.decoding.ct2_model import CT2Model
+from transformer.decoding.loading import load_for_inference as load_for_inference  # re-exported
 from transformer.decoding.search import search
 from transformer.decoding.settings import DTYPES, decode_settings
-from transformer.device import keep_large_blocks_in_the_heap, resolve_device, resolve_precision
 from transformer.model.weights import held_in
 
-if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no import here)
-    from transformer.model.transformer import Transformer
-
 log = logging.getLogger(__name__)
-
-def encode_sources(tokenizer: Tokenizer, lines: list[str], max_len: int) -> list[list[int]]:
-    """Normalise as the training data was, encode, and cut to `max_len` (the model's
-    max_positions)
-
-    The ids are what `batching.collate` puts on the source side: no BOS, no EOS.
-    """
-    ids = tokenizer.encode([normalize(line) for line in lines])
-    too_long = [i for i, seq in enumerate(ids) if len(seq) > max_len]
-    if too_long:
-        shown = ", ".join(str(i + 1) for i in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
-        log.warning("%d input line(s) longer than the model's limit of %d tokens were "
-                    "truncated (line %s)", len(too_long), max_len, shown)
-    return [seq[:max_len] for seq in ids]
 
 
 def check_length_limits(cfg: DecodeConfig, src: list[list[int]], max_positions: int) -> None:
@@ -305,57 +286,3 @@ def format_nbest(nbest: list[list[tuple[str, float]]], start: int = 0) -> list[s
     """fairseq-like n-best lines: `i ||| hypothesis ||| score`, i counting from `start`."""
     return [f"{i} ||| {text} ||| {score:.4f}"
             for i, hyps in enumerate(nbest, start) for text, score in hyps]
-
-
-def load_for_inference(
-    checkpoint: str | None, device_pref: str, threads: int | None = None, dtype: str | None = None,
-    dtype_key: str = "dtype",
-) -> tuple[Transformer | CT2Model, Tokenizer, torch.device]:
-    """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
-
-    The commands' loader: on a CPU it also sets what holds for the whole process, glibc's
-    allocator options (`device.keep_large_blocks_in_the_heap`) and torch's threads; a
-    library user's `Translator.load` sets neither.
-
-    threads: CPU threads (torch's for a checkpoint; for an export on a CPU, that many
-    single-threaded CTranslate2 workers, `ct2_model.CT2Model`); None: torch's default,
-    and 2 for an export.
-
-    Args:
-        checkpoint: a checkpoint directory, or a directory written by mt-export (it holds
-            export.json).
-        device_pref: `auto`, `cpu`, `cuda` or `cuda:N` (mt-translate's `device`).
-        threads: CPU threads; for a checkpoint `torch.set_num_threads`, which holds for
-            the whole process.
-        dtype: the weights' dtype, that of the precision the model will decode in:
-            `auto` (`device.resolve_precision`'s choice), `fp32`, `bf16` or `fp16`
-            (CUDA); None: as saved (fp32). A model decoded in another precision gets
-            copies of its weights for each call (`weights.held_in`). Not for an export.
-        dtype_key: the key errors about `dtype` name (the commands': decode.precision).
-
-    Returns:
-        model: a `Transformer` in eval mode on the device, or a `CT2Model`.
-        tokenizer: its tokenizer.
-        device: the torch device it runs on.
-
-    Raises:
-        CheckpointError: no checkpoint given, or one that is missing, incomplete or
-            corrupt (the message names the file).
-        ConfigError: a device this machine does not have, a corrupt export, an export
-            without ctranslate2 installed, or a dtype the device cannot run.
-    """
-    if not checkpoint:
-        raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
-    if is_export(checkpoint):
-        if dtype not in (None, "auto"):
-            raise ConfigError(f"{dtype_key}={dtype}: an export computes in the type it was "
-                              f"exported with; leave {dtype_key}=auto")
-        return load_export(checkpoint, device_pref, threads)
-    device = resolve_device(device_pref, key="device")
-    held = None if dtype is None else DTYPES[resolve_precision(dtype, device, key=dtype_key)[0]]
-    if device.type == "cpu":
-        keep_large_blocks_in_the_heap()
-        if threads is not None:
-            torch.set_num_threads(threads)
-    model, tokenizer = load_model(checkpoint, device)
-    return (model if held is None else model.to(held)), tokenizer, device

@@ -96,10 +96,9 @@ class Translator:
         device = torch.device(device)
         with as_arguments():
             _check_threads(threads)
-            decode = DecodeConfig() if decode is None else decode
-            if not resolved(decode, device, model):  # `load` resolves; a user's is checked here
-                decode = decode_settings(decode_config(decode, {}), device, model)
-            self.decode = decode
+            decode = DecodeConfig() if decode is None else decode  # `load`'s comes resolved
+            self.decode = decode if resolved(decode, device, model) else \
+                decode_settings(decode_config(decode, {}), device, model)
         if not isinstance(model, CT2Model):
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
@@ -259,8 +258,7 @@ class Translator:
             ConfigError: a bad setting. TypeError: lines that are not str. ValueError:
                 unpaired lines, a target too long, a piece not in the vocabulary.
         """
-        src, tgt, single = as_pairs(sources, targets)
-        cfg = self._config(settings, None)
+        (src, tgt, single), cfg = as_pairs(sources, targets), self._config(settings, None)
         details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
             scores = score_lines(_in_dtype(self.model, cfg), self.tokenizer, src, tgt, cfg, self.device, details)
@@ -268,12 +266,10 @@ class Translator:
         return out[0] if single else out
 
     def _config(self, settings: dict[str, Any], nbest: int | None) -> DecodeConfig:
-        """This call's settings, resolved once (the Translator's own when it gives none)."""
-        if nbest is not None:
-            settings = {**settings, "nbest": nbest}
+        settings = settings if nbest is None else {**settings, "nbest": nbest}
         if not settings:
-            return self.decode
-        with as_arguments():  # checked: a ConfigError names the keyword
+            return self.decode  # the Translator's own, resolved once
+        with as_arguments():  # this call's, checked (an error names the keyword) and resolved once
             return decode_settings(decode_config(self.decode, settings), self.device, self.model)
 
     def __repr__(self) -> str:

@@ -25,9 +25,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from transformer.config import ConfigError
+from transformer.data.sentences import encode_sources
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.search import greedy_search
-from transformer.decoding.text import encode_sources
 from transformer.inspection.mask_inspector import (
     KIND_NAMES,
     KINDS,

@@ -28,8 +28,8 @@ import torch
 from transformer.config import ConfigError
 from transformer.data.batching import Batch, collate
 from transformer.data.corpus import normalize
+from transformer.data.sentences import encode_sources
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer.decoding.text import encode_sources
 from transformer.model.attention import MultiHeadAttention, attention_weights
 from transformer.model.masks import src_key_mask, tgt_self_mask
 
