@@ -5,7 +5,8 @@ learns (each update's loss and the weights against a reference written the plain
 logged loss is the window's token-weighted mean, accumulation equals one update on the
 union, patience and the last update's validation, exact resume, SIGTERM saves and stops, a
 non-finite step is skipped, fp16 needs CUDA, an interrupted checkpoint write leaves the
-previous one, the CPU heap is trimmed."""
+previous one, the CPU heap is trimmed. Under DDP, compiled or not, an update all-reduces in
+its last micro-batch's backward only."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ import itertools
 import math
 import os
 import signal
+import socket
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer import checkpoint as ckpt
@@ -156,6 +161,74 @@ def test_the_compiled_step_has_no_graph_break_few_compiles_and_the_eager_losses(
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert len(shapes) >= 10  # nearly every batch a shape of its own
     assert 1 <= counters["stats"]["unique_graphs"] <= 8, dict(counters["stats"])
+
+
+@pytest.fixture
+def group_of_one(monkeypatch):
+    """This process as rank 0 of a one-process gloo group, as `torchrun --nproc_per_node=1`
+    starts a worker: the trainer wraps its model in DDP. The group outlives the runs
+    (`train` would end it), so that a test drives further updates, and ends with the test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for var, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(var, value)
+    end_group = dist.destroy_process_group
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *args, **kwargs: None)
+    yield
+    if dist.is_initialized():
+        end_group()
+
+
+def all_reduces_and_gradients(trainer, batches, monkeypatch) -> tuple[list[int], list[int], dict]:
+    """Two updates under DDP, one of `batches`, one of its first micro-batch alone: the
+    buckets all-reduced so far after each backward (a counting comm hook around DDP's
+    all-reduce), the buckets of the whole run, and the gradients the first update applies."""
+    buckets, after_each_backward, grads = [], [], {}
+
+    def counted(state, bucket):
+        buckets.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    def recording_step(*args, step=trainer.optimizer.step, **kwargs):
+        grads.update((n, p.grad.clone()) for n, p in trainer.model.named_parameters() if n not in grads)
+        return step(*args, **kwargs)
+
+    trainer.ddp.register_comm_hook(None, counted)
+    monkeypatch.setattr(trainer.forward, "after_backward", lambda first: after_each_backward.append(len(buckets)))
+    monkeypatch.setattr(trainer.optimizer, "step", recording_step)
+    trainer.train_step(batches)
+    trainer.train_step(batches[:1])
+    return after_each_backward, buckets, grads
+
+
+def test_under_ddp_compiled_or_not_only_an_updates_last_backward_all_reduces(tmp_path, monkeypatch,
+                                                                              group_of_one):
+    """Gradient accumulation under DDP holds back the all-reduce (`no_sync` on the DDP
+    module) for all but an update's last micro-batch, also when `trainer.compile` wraps DDP
+    (aot_eager on a CPU): an update of 3 micro-batches all-reduces in its third backward
+    only, as many buckets as an update of one, and its gradients are the eager run's."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    args = (*NO_DROPOUT, "trainer.max_steps=1", "trainer.val_every=1000", "trainer.precision=fp32",
+            "trainer.accum_steps=3")
+    eager = run(tmp_path / "eager", *args, "trainer.compile=false")
+    compiled = run(tmp_path / "compiled", *args, "trainer.compile=true")
+    weights = {k: v.clone() for k, v in eager.model.state_dict().items()}
+    stream = eager._micro_batches()
+    batches = [next(stream)[2] for _ in range(3)]
+    grads = {}
+    for name, trainer in (("eager", eager), ("compiled", compiled)):
+        assert isinstance(trainer.ddp, DistributedDataParallel) and trainer.forward.compiled == (name == "compiled")
+        trainer.model.load_state_dict(weights)
+        after_each_backward, buckets, grads[name] = all_reduces_and_gradients(trainer, batches, monkeypatch)
+        n = len(buckets) // 2  # an update's buckets
+        assert n >= 1 and after_each_backward == [0, 0, n, 2 * n], (name, after_each_backward)
+    for name, g in grads["eager"].items():
+        torch.testing.assert_close(grads["compiled"][name], g, rtol=1e-4, atol=1e-6, msg=name)
+    assert any(g.abs().sum() > 0 for g in grads["eager"].values())
 
 
 def reference_updates(model, optimizer, scheduler, batches, label_smoothing: float, clip: float,
