@@ -3,7 +3,8 @@ count of the host's reads, `device.HostReads`), and it learns what the simple ea
 learns (each update's loss and the weights against a reference written the plain way:
 `.item()`, an `if` on the gradient norm, `scheduler.step()`). In short debug runs: the
 logged loss is the window's token-weighted mean, accumulation equals one update on the
-union, patience and the last update's validation, exact resume, SIGTERM saves and stops, a
+union, patience and the last update's validation, `best` made of step_N's files (the
+weights written once), exact resume, SIGTERM saves and stops, a
 non-finite step is skipped, fp16 needs CUDA, an interrupted checkpoint write leaves the
 previous one, the CPU heap is trimmed. Under DDP, compiled or not, an update all-reduces in
 its last micro-batch's backward only."""
@@ -350,6 +351,30 @@ def test_patience_stops_after_that_many_validations_without_a_better_score(tmp_p
     assert trainer.state.step == 10  # validations at 2, 4 (best), 6, 8, 10: three without progress
     assert trainer.state.best_bleu == 7.0 and trainer.state.bad_validations == 3
     assert ckpt.load_meta(tmp_path / "run" / "checkpoints" / "best")["step"] == 4
+
+
+def test_a_better_validation_writes_the_weights_once_for_best_and_step_n(tmp_path, monkeypatch):
+    """`best` is not a second write of the weights: one serialisation a validation, better
+    or not; `best` is then step_N's files (hard links) without the trainer state."""
+    scores = iter([5.0, 7.0, 6.0])  # better, better, worse
+    written = []
+    serialise = ckpt.save_safetensors
+
+    def fake_validate(self):
+        bleu = next(scores)
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu,
+                                     names=NameCopy(names=2, copied=1, sentences=2), examples=[])}
+
+    monkeypatch.setattr(Trainer, "validate", fake_validate)
+    monkeypatch.setattr(ckpt, "save_safetensors", lambda model, path: written.append(path) or serialise(model, path))
+    trainer = run(tmp_path / "run", "trainer.max_steps=6", "trainer.val_every=2", "trainer.keep_last=0")
+    folder = tmp_path / "run" / "checkpoints"
+    assert len(written) == 3  # step_2, step_4, step_6
+    assert trainer.state.best_bleu == 7.0 and ckpt.load_meta(folder / "best")["step"] == 4
+    assert sorted(p.name for p in (folder / "best").iterdir()) == sorted(
+        p.name for p in (folder / "step_4").iterdir() if p.name != ckpt.STATE)
+    for f in (folder / "best").iterdir():
+        assert f.samefile(folder / "step_4" / f.name), f.name
 
 
 def test_the_last_update_is_validated_even_off_the_validation_grid(tmp_path, monkeypatch):

@@ -116,11 +116,12 @@ class Trainer:
         path, self.state = self.checkpoints.resume(candidates, self.device) or (None, self.state)
         return path
 
-    def save(self, name: str, with_state: bool = True) -> Path | None:
-        """Checkpoint `name` of the current weights (never inf/NaN ones); None off rank 0."""
+    def save(self, name: str, with_state: bool = True, also: str | None = None) -> Path | None:
+        """Checkpoint `name` of the current weights (never inf/NaN ones), and `also` (`best`)
+        of the same ones, weights only (`Checkpoints.save`); None off rank 0."""
         self.read_and_recount()
         self.guard.check_weights(self.model, self.state.step)
-        return self.checkpoints.save(name, self.state, with_state)
+        return self.checkpoints.save(name, self.state, with_state, also)
 
     # ---- the loop -------------------------------------------------------------------
     def fit(self) -> TrainState:
@@ -210,19 +211,17 @@ class Trainer:
         """Validate (rank 0), keep `best` by the selection score, save `step_N`; True when
         early stopping's patience ran out."""
         self.guard.check_weights(self.model, self.state.step)
-        s, stop = self.state, False
+        s, stop, better = self.state, False, False
         if self.dist.is_main:
             with saved_if_it_fails(self):
                 results = self.validate()
             score = Validator.selection_score(results)
-            if score > s.best_bleu:
-                s.best_bleu, s.bad_validations = score, 0
-                self.save("best", with_state=False)
-            else:
-                s.bad_validations += 1
+            better = score > s.best_bleu
+            s.best_bleu, s.bad_validations = (score, 0) if better else (s.best_bleu, s.bad_validations + 1)
             self.logbook.validation(s.step, results, score, s.best_bleu)
             stop = self.tc.patience is not None and s.bad_validations >= self.tc.patience
-        self.save(f"step_{s.step}")
+        # `best`: links to step_N's files, in place before it (the weights written once)
+        self.save(f"step_{s.step}", also="best" if better else None)
         return stop
 
     # ---- one update -----------------------------------------------------------------
