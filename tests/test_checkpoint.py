@@ -1,9 +1,15 @@
 """Checkpoints written before a ModelConfig key was renamed still load; a missing or
-corrupt checkpoint is a clear error naming the file."""
+corrupt checkpoint is a clear error naming the file; a second checkpoint of the same
+weights (`also`) is hard links (copies without them), in place before the first, and a
+failed write leaves both previous ones."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +19,11 @@ from transformer.checkpoint import load_model, load_model_config, save_checkpoin
 from transformer.config import ModelConfig
 from transformer.data.corpus import read_lines
 from transformer.data.tokenizer import train_tokenizer
+from transformer.errors import UserFileError
 from transformer.model.transformer import build_model
 from transformer.paths import PROJECT_ROOT
 
-from helpers import run
+from helpers import run, sample_tokenizer
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 
@@ -47,3 +54,64 @@ def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
     (path / "trainer_state.pt").write_bytes(b"garbage")
     with pytest.raises(ckpt.CheckpointError, match=r"trainer_state\.pt"):
         ckpt.load_trainer_state(path)
+
+
+def tiny(seed: int):
+    tokenizer = sample_tokenizer()
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                                   n_encoder_layers=1, n_decoder_layers=1, max_positions=32)), tokenizer
+
+
+def test_also_is_the_same_files_but_the_trainer_state_as_hard_links(tmp_path, monkeypatch):
+    renamed, rename = [], Path.rename
+    monkeypatch.setattr(Path, "rename", lambda self, target: renamed.append(Path(target).name) or rename(self, target))
+    model, tok = tiny(0)
+    step = save_checkpoint(tmp_path / "step_1", model, tok, "a: 1\n", {"step": 1}, {"x": torch.ones(2)},
+                           also=tmp_path / "best")
+    best = tmp_path / "best"
+    assert sorted(p.name for p in best.iterdir()) == sorted(p.name for p in step.iterdir() if p.name != ckpt.STATE)
+    assert all(f.samefile(step / f.name) for f in best.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "step_1"]  # no leftovers
+    assert renamed == ["best", "step_1"]  # `also` in place first (a crash between: `best` newer)
+    shutil.rmtree(step)  # a pruned step_N: its `best` is whole
+    loaded, _ = load_model(best)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), k
+
+
+def test_also_is_copied_where_the_filesystem_has_no_hard_links(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    model, tok = tiny(0)
+    step = save_checkpoint(tmp_path / "step_1", model, tok, "", {"step": 1}, {"x": 1}, also=tmp_path / "best")
+    for f in (tmp_path / "best").iterdir():
+        assert not f.samefile(step / f.name) and f.read_bytes() == (step / f.name).read_bytes(), f.name
+
+
+@pytest.mark.parametrize("where", ["trainer state", "also"])
+def test_a_failed_write_leaves_the_previous_checkpoint_and_also(tmp_path, monkeypatch, where):
+    """A full disk while the new step checkpoint's trainer state is written, or while its
+    `best` is linked (copied): the previous `step_2` and `best` are as they were."""
+    model, tok = tiny(0)
+    save_checkpoint(tmp_path / "step_2", model, tok, "", {"step": 2}, {"x": 1}, also=tmp_path / "best")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "trainer state":
+        monkeypatch.setattr(torch, "save", full)
+    else:
+        monkeypatch.setattr(os, "link", full)
+        monkeypatch.setattr(shutil, "copy2", full)
+    newer, _ = tiny(1)
+    with pytest.raises(UserFileError, match="No space left"):
+        save_checkpoint(tmp_path / "step_2", newer, tok, "", {"step": 3}, {"x": 1}, also=tmp_path / "best")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "step_2"]  # no leftovers
+    for name in ("step_2", "best"):
+        assert ckpt.load_meta(tmp_path / name)["step"] == 2
+        loaded, _ = load_model(tmp_path / name)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, loaded.state_dict()[k]), (name, k)

@@ -13,15 +13,19 @@ A checkpoint is a directory:
 Writes are atomic: everything goes to `<name>.tmp-<pid>/`, which is renamed into place
 only when complete, so a crash or Ctrl-C mid-write leaves the previous checkpoints intact;
 replacing an existing `<name>` moves it to `<name>.old-<pid>/` first and deletes it last.
-`recover_interrupted_writes` finishes or undoes what a crash left of that.
+`recover_interrupted_writes` finishes or undoes what a crash left of that. A second
+checkpoint of the same weights (the trainer's `best` beside its `step_N`) is made of hard
+links to the first's files (`save_checkpoint(also=...)`), put in place just before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,7 @@ def save_checkpoint(
     run_config_yaml: str,
     meta: dict[str, Any],
     trainer_state: dict[str, Any] | None = None,
+    also: str | Path | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically; returns its path.
 
@@ -68,21 +73,39 @@ def save_checkpoint(
         meta: step, epoch, dev scores, time (meta.json).
         trainer_state: optimizer, scheduler, scaler and RNG states and the data position
             (trainer_state.pt), or None for a checkpoint that only translates.
+        also: a second checkpoint directory with the same files but the trainer state
+            (the trainer's `best` beside its `step_N`), put in place (atomically too) just
+            before `path`: hard links to the files just written (copies where the
+            filesystem has no links), so the weights are serialised once. No file of a
+            checkpoint is ever written in place, so the two never differ.
 
     Returns:
         `path`, as a Path.
 
     Raises:
         UserFileError: the directory cannot be written (a full disk, no permission); the
-            previous checkpoint at `path`, if any, is left as it was.
+            previous checkpoint at `path` (and at `also`), if any, is left as it was.
     """
     path = Path(path)
+    with _put_in_place(path) as tmp:
+        write_checkpoint_files(tmp, model, tokenizer, run_config_yaml, meta, trainer_state)
+        if also is not None:
+            with _put_in_place(Path(also)) as also_tmp:
+                _link_files(tmp, also_tmp, leave_out=STATE)
+    return path
+
+
+@contextlib.contextmanager
+def _put_in_place(path: Path) -> Iterator[Path]:
+    """Yield `<name>.tmp-<pid>` (not yet made) to fill; when the block ends without an
+    error, it becomes `path`, an existing `path` moving to `<name>.old-<pid>` first and
+    deleted last. A failure puts back what was there."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     old = path.with_name(f"{path.name}.old-{os.getpid()}")
     try:  # a full disk, no permission: one line, and the previous checkpoints stay as they were
         with writing(path):
-            write_checkpoint_files(tmp, model, tokenizer, run_config_yaml, meta, trainer_state)
+            yield tmp
             if path.exists():
                 path.rename(old)
             tmp.rename(path)
@@ -92,7 +115,19 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
-    return path
+
+
+def _link_files(src: Path, dst: Path, leave_out: str) -> None:
+    """`dst` made, holding hard links to the files of `src` but `leave_out` (copies where
+    the filesystem has no hard links)."""
+    dst.mkdir()
+    for f in sorted(src.iterdir()):
+        if f.name == leave_out:
+            continue
+        try:
+            os.link(f, dst / f.name)
+        except OSError:
+            shutil.copy2(f, dst / f.name)
 
 
 def write_checkpoint_files(

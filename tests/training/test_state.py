@@ -1,8 +1,8 @@
 """The training state a checkpoint carries: it round-trips through torch.load(weights_only=True)
 and restores weights, optimizer, schedule, scaler, RNGs and position exactly; the format's keys
-stay those older checkpoints have; rotation prunes only this run's own step checkpoints; a
-failed resume changes nothing and an unreadable newest checkpoint falls back to the next; a
-resume with another tokenizer is refused."""
+stay those older checkpoints have; rotation prunes only this run's own step checkpoints (a
+`best` linked to one outlives it); a failed resume changes nothing and an unreadable newest
+checkpoint falls back to the next; a resume with another tokenizer is refused."""
 
 from __future__ import annotations
 
@@ -131,6 +131,19 @@ def test_rotation_keeps_the_last_n_of_this_runs_step_checkpoints(tmp_path):
     assert not (tmp_path / "run" / "checkpoints" / "best" / "trainer_state.pt").exists()
     assert c.newest().name == "step_4"
     assert checkpoints(tmp_path / "empty").newest() is None
+
+
+def test_best_beside_a_step_checkpoint_is_this_runs_and_outlives_its_pruning(tmp_path):
+    c = checkpoints(tmp_path / "run", keep_last=1)
+    step_1 = c.save("step_1", TrainState(step=1, best_bleu=3.0), also="best")
+    best = tmp_path / "run" / "checkpoints" / "best"
+    assert "best" in c.owned and (best / "model.safetensors").samefile(step_1 / "model.safetensors")
+    assert not (best / "trainer_state.pt").exists() and ckpt.load_meta(best) == ckpt.load_meta(step_1)
+    c.save("step_2", TrainState(step=2))
+    assert not step_1.exists() and ckpt.load_meta(best)["step"] == 1
+    model, _ = ckpt.load_model(best)
+    for k, v in c.model.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
 
 
 def test_ranks_other_than_zero_write_nothing(tmp_path):

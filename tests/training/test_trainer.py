@@ -3,9 +3,11 @@ count of the host's reads, `device.HostReads`), and it learns what the simple ea
 learns (each update's loss and the weights against a reference written the plain way:
 `.item()`, an `if` on the gradient norm, `scheduler.step()`). In short debug runs: the
 logged loss is the window's token-weighted mean, accumulation equals one update on the
-union, patience and the last update's validation, exact resume, SIGTERM saves and stops, a
+union, patience and the last update's validation, `best` made of step_N's files (the
+weights written once), exact resume, SIGTERM saves and stops, a
 non-finite step is skipped, fp16 needs CUDA, an interrupted checkpoint write leaves the
-previous one, the CPU heap is trimmed."""
+previous one, the CPU heap is trimmed. Under DDP, compiled or not, an update all-reduces in
+its last micro-batch's backward only."""
 
 from __future__ import annotations
 
@@ -15,11 +17,15 @@ import itertools
 import math
 import os
 import signal
+import socket
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer import checkpoint as ckpt
@@ -158,6 +164,74 @@ def test_the_compiled_step_has_no_graph_break_few_compiles_and_the_eager_losses(
     assert 1 <= counters["stats"]["unique_graphs"] <= 8, dict(counters["stats"])
 
 
+@pytest.fixture
+def group_of_one(monkeypatch):
+    """This process as rank 0 of a one-process gloo group, as `torchrun --nproc_per_node=1`
+    starts a worker: the trainer wraps its model in DDP. The group outlives the runs
+    (`train` would end it), so that a test drives further updates, and ends with the test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for var, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(var, value)
+    end_group = dist.destroy_process_group
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *args, **kwargs: None)
+    yield
+    if dist.is_initialized():
+        end_group()
+
+
+def all_reduces_and_gradients(trainer, batches, monkeypatch) -> tuple[list[int], list[int], dict]:
+    """Two updates under DDP, one of `batches`, one of its first micro-batch alone: the
+    buckets all-reduced so far after each backward (a counting comm hook around DDP's
+    all-reduce), the buckets of the whole run, and the gradients the first update applies."""
+    buckets, after_each_backward, grads = [], [], {}
+
+    def counted(state, bucket):
+        buckets.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    def recording_step(*args, step=trainer.optimizer.step, **kwargs):
+        grads.update((n, p.grad.clone()) for n, p in trainer.model.named_parameters() if n not in grads)
+        return step(*args, **kwargs)
+
+    trainer.ddp.register_comm_hook(None, counted)
+    monkeypatch.setattr(trainer.forward, "after_backward", lambda first: after_each_backward.append(len(buckets)))
+    monkeypatch.setattr(trainer.optimizer, "step", recording_step)
+    trainer.train_step(batches)
+    trainer.train_step(batches[:1])
+    return after_each_backward, buckets, grads
+
+
+def test_under_ddp_compiled_or_not_only_an_updates_last_backward_all_reduces(tmp_path, monkeypatch,
+                                                                              group_of_one):
+    """Gradient accumulation under DDP holds back the all-reduce (`no_sync` on the DDP
+    module) for all but an update's last micro-batch, also when `trainer.compile` wraps DDP
+    (aot_eager on a CPU): an update of 3 micro-batches all-reduces in its third backward
+    only, as many buckets as an update of one, and its gradients are the eager run's."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    args = (*NO_DROPOUT, "trainer.max_steps=1", "trainer.val_every=1000", "trainer.precision=fp32",
+            "trainer.accum_steps=3")
+    eager = run(tmp_path / "eager", *args, "trainer.compile=false")
+    compiled = run(tmp_path / "compiled", *args, "trainer.compile=true")
+    weights = {k: v.clone() for k, v in eager.model.state_dict().items()}
+    stream = eager._micro_batches()
+    batches = [next(stream)[2] for _ in range(3)]
+    grads = {}
+    for name, trainer in (("eager", eager), ("compiled", compiled)):
+        assert isinstance(trainer.ddp, DistributedDataParallel) and trainer.forward.compiled == (name == "compiled")
+        trainer.model.load_state_dict(weights)
+        after_each_backward, buckets, grads[name] = all_reduces_and_gradients(trainer, batches, monkeypatch)
+        n = len(buckets) // 2  # an update's buckets
+        assert n >= 1 and after_each_backward == [0, 0, n, 2 * n], (name, after_each_backward)
+    for name, g in grads["eager"].items():
+        torch.testing.assert_close(grads["compiled"][name], g, rtol=1e-4, atol=1e-6, msg=name)
+    assert any(g.abs().sum() > 0 for g in grads["eager"].values())
+
+
 def reference_updates(model, optimizer, scheduler, batches, label_smoothing: float, clip: float,
                       poison: int) -> list[float]:
     """The plain eager loop: each update's mean loss, read with `.item()`; a non-finite
@@ -277,6 +351,30 @@ def test_patience_stops_after_that_many_validations_without_a_better_score(tmp_p
     assert trainer.state.step == 10  # validations at 2, 4 (best), 6, 8, 10: three without progress
     assert trainer.state.best_bleu == 7.0 and trainer.state.bad_validations == 3
     assert ckpt.load_meta(tmp_path / "run" / "checkpoints" / "best")["step"] == 4
+
+
+def test_a_better_validation_writes_the_weights_once_for_best_and_step_n(tmp_path, monkeypatch):
+    """`best` is not a second write of the weights: one serialisation a validation, better
+    or not; `best` is then step_N's files (hard links) without the trainer state."""
+    scores = iter([5.0, 7.0, 6.0])  # better, better, worse
+    written = []
+    serialise = ckpt.save_safetensors
+
+    def fake_validate(self):
+        bleu = next(scores)
+        return {"sample": DevResult(loss=1.0, nll=1.0, ppl=2.7, bleu=bleu, chrf=bleu,
+                                     names=NameCopy(names=2, copied=1, sentences=2), examples=[])}
+
+    monkeypatch.setattr(Trainer, "validate", fake_validate)
+    monkeypatch.setattr(ckpt, "save_safetensors", lambda model, path: written.append(path) or serialise(model, path))
+    trainer = run(tmp_path / "run", "trainer.max_steps=6", "trainer.val_every=2", "trainer.keep_last=0")
+    folder = tmp_path / "run" / "checkpoints"
+    assert len(written) == 3  # step_2, step_4, step_6
+    assert trainer.state.best_bleu == 7.0 and ckpt.load_meta(folder / "best")["step"] == 4
+    assert sorted(p.name for p in (folder / "best").iterdir()) == sorted(
+        p.name for p in (folder / "step_4").iterdir() if p.name != ckpt.STATE)
+    for f in (folder / "best").iterdir():
+        assert f.samefile(folder / "step_4" / f.name), f.name
 
 
 def test_the_last_update_is_validated_even_off_the_validation_grid(tmp_path, monkeypatch):

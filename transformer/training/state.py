@@ -80,7 +80,7 @@ class Checkpoints:
             "batching": {"pad_to_multiple": self.pad_to_multiple},
         }
 
-    def save(self, name: str, state: TrainState, with_state: bool = True) -> Path | None:
+    def save(self, name: str, state: TrainState, with_state: bool = True, also: str | None = None) -> Path | None:
         """Write checkpoint `name` (atomically); a `step_N` one then prunes the older ones
         this run owns down to `trainer.keep_last`.
 
@@ -88,6 +88,9 @@ class Checkpoints:
             name: the checkpoint's folder name in `checkpoints/` (`step_N`, `best`).
             state: where training stands (in the meta, and in the trainer state).
             with_state: also write the trainer state (`best` is weights only).
+            also: a second name (`best`) for the same weights and meta without the trainer
+                state: hard links to `name`'s files, put in place just before it
+                (`checkpoint.save_checkpoint`), so the weights are written once.
 
         Returns:
             The checkpoint's path; None on ranks other than 0, which write nothing.
@@ -98,10 +101,11 @@ class Checkpoints:
                 "best_bleu": state.best_bleu, "train_seconds": state.train_seconds}
         if self.init_from:  # a fine-tuning run names the checkpoint it started from
             meta["init_from"] = str(Path(self.init_from).absolute())
+        folder = self.run_dir / "checkpoints"
         path = ckpt.save_checkpoint(
-            self.run_dir / "checkpoints" / name, self.model, self.tokenizer,
-            self.run_config_yaml, meta, self.trainer_state(state) if with_state else None)
-        self.owned.add(name)
+            folder / name, self.model, self.tokenizer, self.run_config_yaml, meta,
+            self.trainer_state(state) if with_state else None, also=folder / also if also else None)
+        self.owned.update(n for n in (name, also) if n)
         if name.startswith("step_"):
             ckpt.prune_checkpoints(self.run_dir, self.keep_last, self.owned)
         return path

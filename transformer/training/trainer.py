@@ -98,11 +98,9 @@ class Trainer:
             data.devs, data.tokenizer, cfg.decode, cfg.optim.label_smoothing, self.tc.precision,
             device, self.tc.val_max_tokens, self.tc.val_bleu_sentences, model.cfg.max_positions,
             after_batch=self.trim_heap)
-        self.net: torch.nn.Module = model  # what forward runs through: the model, or DDP
-        if dist.is_initialized():  # torchrun, one process or several
-            self.net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.forward = TrainForward(model, self.net, self.tc.precision, device, self.tc.compile)
-        self.net = self.forward.net  # compiled under DDP
+        self.ddp = wrapped_in_ddp(model, device)  # DDP itself, whose `no_sync` `train_step` holds
+        self.forward = TrainForward(model, self.ddp or model, self.tc.precision, device, self.tc.compile)
+        self.net: torch.nn.Module = self.forward.net  # what runs the forward: model, DDP, DDP compiled
         run_dir = Path(self.tc.run_dir)
         self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
         self.signals = StopSignal(run_dir / "checkpoints")
@@ -118,11 +116,12 @@ class Trainer:
         path, self.state = self.checkpoints.resume(candidates, self.device) or (None, self.state)
         return path
 
-    def save(self, name: str, with_state: bool = True) -> Path | None:
-        """Checkpoint `name` of the current weights (never inf/NaN ones); None off rank 0."""
+    def save(self, name: str, with_state: bool = True, also: str | None = None) -> Path | None:
+        """Checkpoint `name` of the current weights (never inf/NaN ones), and `also` (`best`)
+        of the same ones, weights only (`Checkpoints.save`); None off rank 0."""
         self.read_and_recount()
         self.guard.check_weights(self.model, self.state.step)
-        return self.checkpoints.save(name, self.state, with_state)
+        return self.checkpoints.save(name, self.state, with_state, also)
 
     # ---- the loop -------------------------------------------------------------------
     def fit(self) -> TrainState:
@@ -212,19 +211,17 @@ class Trainer:
         """Validate (rank 0), keep `best` by the selection score, save `step_N`; True when
         early stopping's patience ran out."""
         self.guard.check_weights(self.model, self.state.step)
-        s, stop = self.state, False
+        s, stop, better = self.state, False, False
         if self.dist.is_main:
             with saved_if_it_fails(self):
                 results = self.validate()
             score = Validator.selection_score(results)
-            if score > s.best_bleu:
-                s.best_bleu, s.bad_validations = score, 0
-                self.save("best", with_state=False)
-            else:
-                s.bad_validations += 1
+            better = score > s.best_bleu
+            s.best_bleu, s.bad_validations = (score, 0) if better else (s.best_bleu, s.bad_validations + 1)
             self.logbook.validation(s.step, results, score, s.best_bleu)
             stop = self.tc.patience is not None and s.bad_validations >= self.tc.patience
-        self.save(f"step_{s.step}")
+        # `best`: links to step_N's files, in place before it (the weights written once)
+        self.save(f"step_{s.step}", also="best" if better else None)
         return stop
 
     # ---- one update -----------------------------------------------------------------
@@ -243,9 +240,9 @@ class Trainer:
         loss_sum = nll_sum = 0
         for i, batch in enumerate(batches):
             batch = batch.to(self.device, non_blocking=True)
-            sync = i == len(batches) - 1 or not isinstance(self.net, DistributedDataParallel)
-            ctx = contextlib.nullcontext() if sync else self.net.no_sync()
-            with ctx:
+            last = i == len(batches) - 1  # only its backward all-reduces: DDP's forward reads
+            # `no_sync`'s flag outside the compiled graph, so compiled DDP holds back the others too
+            with contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync():
                 loss, nll = self.forward(batch, self.cfg.optim.label_smoothing, first=i == 0)
                 self.scaler.scale(loss / norm).backward()
             self.forward.after_backward(first=i == 0)
@@ -262,6 +259,14 @@ class Trainer:
     def validate(self) -> dict[str, DevResult]:
         """Every dev set's scores (rank 0 only)."""
         return self.validator(self.model)
+
+
+def wrapped_in_ddp(model: Transformer, device: torch.device) -> DistributedDataParallel | None:
+    """`model` in DistributedDataParallel in a torchrun process group (one process or
+    several); None outside one."""
+    if not dist.is_initialized():
+        return None
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 @contextlib.contextmanager
