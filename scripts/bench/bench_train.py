@@ -13,7 +13,7 @@ in fp32 and bf16 autocast.
         --peak-tflops measure          # both data sets (the mix 3:1); utilisation of a measured matmul peak
     python scripts/bench/bench_train.py --precisions fp32 --compile false true   # torch.compile'd against eager
 
-This trainer's step is the trainer's own update (`transformer.training.optimizer.Update`:
+This trainer's step is the trainer's own update (`transformer.training.optimizer.Updater`:
 clipping with `foreach`, the fused AdamW kernel skipping a non-finite update on the
 device, nothing read back); batches are padded to `--pad-to-multiple` (default: 8 on a
 GPU, 1 on a CPU, as training pads them). Eager bf16/fp16 reads the Linear weights'
@@ -62,7 +62,7 @@ from transformer.model.layers import sinusoid_table
 from transformer.model.transformer import build_model, count_parameters
 from transformer.training.forward import LowPrecisionWeights
 from transformer.training.loss import batch_loss
-from transformer.training.optimizer import Update, build_optimizer
+from transformer.training.optimizer import Updater, build_optimizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CPU = torch.device("cpu")
@@ -134,7 +134,7 @@ def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str,
               device: torch.device = CPU, low: LowPrecisionWeights | None = None) -> tuple[float, int]:
     """Full training steps over `batches` (already on `device`); returns (seconds, target
     tokens). `opt` is an optimizer (a plain step: clip, `opt.step()`) or the trainer's
-    `Update` (which clips and steps). `low`: the forward reads the Linear weights' copies
+    `Updater` (which clips and steps). `low`: the forward reads the Linear weights' copies
     in autocast's dtype, refreshed once a step, as the trainer's eager mixed precision."""
     model.train()
     tokens, t0 = 0, time.perf_counter()
@@ -147,7 +147,7 @@ def run_steps(model, loss_fn, opt, batches: list[Batch], precision: str,
         (loss / n).backward()
         if low is not None:
             low.collect(first=True)
-        if isinstance(opt, Update):
+        if isinstance(opt, Updater):
             opt()
         else:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -338,7 +338,7 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
     optim_cfg = OptimConfig(lr=1e-4, warmup_steps=1)
     ours_opt = build_optimizer(ours, optim_cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
-    opts = {"ours": Update(ours, ours_opt, scaler, optim_cfg, device),
+    opts = {"ours": Updater(ours, ours_opt, scaler, optim_cfg, device),
             "torch": torch.optim.Adam(runs["torch"][0].parameters(), lr=1e-4,
                                       betas=(0.9, 0.98), eps=1e-9)}
     for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state

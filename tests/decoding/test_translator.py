@@ -28,6 +28,7 @@ from transformer.commands import translate
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.corpus import read_lines
 from transformer.data.sentences import split_sentences
+from transformer.decoding import loading as loading_module
 from transformer.decoding import settings
 from transformer.decoding import text as text_module
 from transformer.errors import UserError
@@ -455,7 +456,7 @@ def test_loading_leaves_the_allocator_alone(words, monkeypatch):
         raise AssertionError("Translator changed glibc's allocator options")
 
     monkeypatch.setattr(device_module, "keep_large_blocks_in_the_heap", refuse)
-    monkeypatch.setattr(text_module, "keep_large_blocks_in_the_heap", refuse)
+    monkeypatch.setattr(loading_module, "keep_large_blocks_in_the_heap", refuse)
     assert Translator.load(words, device="cpu").translate("Ciao", method="greedy", **SHORT)
 
 

@@ -115,7 +115,7 @@ def longest_output(model, src_ids: torch.Tensor, a: float, b: int, min_len: int)
     return max(min(math.floor(a * longest + b), limit), min(min_len, limit))
 
 
-class _Stepper:
+class _DecoderState:
     """Feeds one token per row, returns next-token log-probabilities, and follows the
     search's choice of rows.
 
@@ -265,9 +265,9 @@ def greedy_search(
     if not n:
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
-    first_max = int(max_len.min())  # the batch's one read before its steps
+    earliest_limit = int(max_len.min())  # the batch's one read before its steps
     finished = Finished(n, 1, bound + 1, n, device, max_len)
-    stepper = _Stepper(model, src_ids, bound, n, use_cache)
+    decoder = _DecoderState(model, src_ids, bound, n, use_cache)
     always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # (A,) batch index of each row
     rows = alive  # (A,) each row extends itself
@@ -275,11 +275,11 @@ def greedy_search(
     open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) not ended yet
     rule = None if constraints is None else _Constrained(constraints, n, bound, cfg.bos_id, device)
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
-        logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
+        logp = decoder.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
         if rule is not None:
             rule(logp, alive, step)
         best, tokens = logp.max(dim=-1)  # (A,)
-        if step >= first_max:  # forced EOS where max_len is reached, scored as the model gave it
+        if step >= earliest_limit:  # forced EOS where max_len is reached, scored as the model gave it
             at_max = step >= max_len
             best = torch.where(at_max, logp[:, cfg.eos_id], best)
             tokens = tokens.masked_fill(at_max, cfg.eos_id)
@@ -293,7 +293,7 @@ def greedy_search(
         keep = _live_rows(open_, step, sync_every, buckets)
         if keep is None:
             finished.follow(step, None, tokens)  # each row extends itself
-            stepper.advance(None, tokens)
+            decoder.advance(None, tokens)
             if rule is not None:
                 rule.advance(None, tokens, step)
             continue
@@ -301,7 +301,7 @@ def greedy_search(
             break
         tokens = tokens[keep]
         finished.follow(step, keep, tokens)
-        stepper.advance(keep, tokens, sentences=keep)
+        decoder.advance(keep, tokens, sentences=keep)
         if rule is not None:
             rule.advance(keep, tokens, step)
         alive, scores, open_, max_len = alive[keep], scores[keep], open_[keep], max_len[keep]
@@ -361,9 +361,9 @@ def beam_search(
     if not n:
         return []
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
-    first_max = int(max_len.min())  # the batch's one read before its steps
+    earliest_limit = int(max_len.min())  # the batch's one read before its steps
     finished = Finished(n, k, bound + 1, n * k, device, max_len)
-    stepper = _Stepper(model, src_ids, bound, n * k, use_cache)
+    decoder = _DecoderState(model, src_ids, bound, n * k, use_cache)
     always, early = _forbidden(cfg, device)
     # per live sentence (A,): hypotheses finished (K: done), batch index, max length; one
     # tensor, so that dropping done sentences is one op
@@ -378,11 +378,11 @@ def beam_search(
     rule = None if constraints is None else _Constrained(constraints, n, bound, cfg.bos_id, device)
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
-        logp = stepper.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
+        logp = decoder.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
         if rule is not None:
             rule(logp, alive.repeat_interleave(w) if w > 1 else alive, step)
         forced = at_max = None
-        if step >= first_max:  # (A,): these sentences end here with a forced EOS
+        if step >= earliest_limit:  # (A,): these sentences end here with a forced EOS
             at_max = step >= max_len
             forced = (at_max, cfg.eos_id)
         top_scores, top_rows, top_tok = best_continuations(logp, scores.view(-1), w, 2 * k,
@@ -412,7 +412,7 @@ def beam_search(
             scores, state = scores[keep], state[:, keep]
             count, alive, max_len = state
         finished.follow(step, index, tokens)
-        stepper.advance(index, tokens, sentences=keep)
+        decoder.advance(index, tokens, sentences=keep)
         if rule is not None:
             rule.advance(index, tokens, step)
         a, w = scores.size()  # W < K only where the vocabulary holds under K tokens

@@ -1,6 +1,6 @@
 """Adam and the inverse-square-root warm-up schedule of Vaswani et al. (2017), section 5.3,
-and `Update`: one optimizer update (clipping, the skip of a non-finite one, the schedule)
-that never reads the device.
+and `Updater`, which applies each optimizer update (clipping, the skip of a non-finite
+one, the schedule) and never reads the device.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ def schedule_at(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None
         group["lr"] = lr
 
 
-class Update:
-    """One optimizer update after the backward passes, with no read of the device.
+class Updater:
+    """Applies an optimizer update after the backward passes (a call), with no read of the
+    device.
 
     Unscale (fp16), clip the gradient norm (`foreach`), and step, unless the norm is inf or
     NaN: then the update is skipped, weights and Adam's state untouched. The fused AdamW

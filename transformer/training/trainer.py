@@ -3,17 +3,17 @@
 What is not the loop lives beside it: the training state and checkpoints in `state.py`,
 SIGINT/SIGTERM in `signals.py`, the progress bar, log lines and TensorBoard in
 `logbook.py`, dev-set scoring in `validation.py`, the divergence guard in `nan_guard.py`,
-the optimizer update in `optimizer.py` (`Update`), the device-side metrics in `metrics.py`,
+the optimizer update in `optimizer.py` (`Updater`), the device-side metrics in `metrics.py`,
 the batches collated ahead in `prefetch.py`.
 
 The host never waits for the device inside an update (docs/performance.md, "The training
 loop"): batches are collated ahead by a thread and copied asynchronously; an update's
 metrics stay on the device (`UpdateMeter`) and the decision to skip a non-finite update
-is taken there (`Update`); the host counts each update as applied and recounts
+is taken there (`Updater`); the host counts each update as applied and recounts
 (`read_and_recount`, one read) when it logs, validates, saves or stops:
 
     each update (`train_step`), device     the host, which reads nothing
-      Update: apply, or skip if not finite   state.step += 1 (as applied)
+      Updater: apply, or skip if not finite  state.step += 1 (as applied)
       UpdateMeter.add: sums, streak          |
                                              v
                                    `_due`? -- no --> the next update
@@ -53,7 +53,7 @@ from transformer.training.forward import TrainForward
 from transformer.training.logbook import Logbook
 from transformer.training.metrics import UpdateMeter
 from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged
-from transformer.training.optimizer import Update, build_optimizer, build_scheduler, schedule_at
+from transformer.training.optimizer import Updater, build_optimizer, build_scheduler, schedule_at
 from transformer.training.prefetch import Prefetcher, batch_stream
 from transformer.training.signals import StopSignal
 from transformer.training.state import Checkpoints, TrainState
@@ -89,7 +89,7 @@ class Trainer:
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
-        self.update = Update(model, self.optimizer, self.scaler, cfg.optim, device)
+        self.update = Updater(model, self.optimizer, self.scaler, cfg.optim, device)
         self.meter = UpdateMeter(device)
         self.read_every_update = False  # read after every update (a streak of skipped ones is under way)
         self.last_reading: dict[str, float] = {"last_applied": 0.0, "grad_norm": 0.0}
