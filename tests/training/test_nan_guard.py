@@ -17,9 +17,9 @@ import torch
 from transformer import checkpoint as ckpt
 from transformer.config import ConfigError, OptimConfig, TrainConfig, to_dataclass
 from transformer.paths import PROJECT_ROOT
-from transformer.training.metrics import UpdateMeter
 from transformer.training.nan_guard import FP16_MIN_SCALE, DivergenceGuard, TrainingDiverged
 from transformer.training.trainer import Trainer
+from transformer.training.update_meter import UpdateMeter
 
 from helpers import DEBUG, compose_cfg, run, shared_cache
 

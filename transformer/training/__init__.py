@@ -6,7 +6,7 @@ a checkpoint carries in and out (exact resume) and the run's checkpoints (writin
 the last N, resuming), `signals.py` stopping on SIGINT/SIGTERM with a checkpoint,
 `logbook.py` the logging windows and TensorBoard, `validation.py` dev loss and BLEU,
 `loss.py` label-smoothed cross-entropy, `optimizer.py` Adam and the warm-up schedule,
-`nan_guard.py` telling a diverged run from a skipped update, `metrics.py` the
+`nan_guard.py` telling a diverged run from a skipped update, `update_meter.py` the
 updates' metrics kept on the device until the loop reads them, `prefetch.py` batches
 collated ahead by a background thread, `run_dir.py` the run
 directory and its checkpoint rules, `distributed.py` the `torchrun` process group and RNG

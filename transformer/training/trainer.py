@@ -3,7 +3,7 @@
 What is not the loop lives beside it: the training state and checkpoints in `state.py`,
 SIGINT/SIGTERM in `signals.py`, the progress bar, log lines and TensorBoard in
 `logbook.py`, dev-set scoring in `validation.py`, the divergence guard in `nan_guard.py`,
-the optimizer update in `optimizer.py` (`Updater`), the device-side metrics in `metrics.py`,
+the optimizer update in `optimizer.py` (`Updater`), the device-side metrics in `update_meter.py`,
 the batches collated ahead in `prefetch.py`.
 
 The host never waits for the device inside an update (docs/performance.md, "The training
@@ -51,12 +51,12 @@ from transformer.model.transformer import Transformer
 from transformer.training.distributed import DistInfo, any_rank, token_normaliser
 from transformer.training.forward import TrainForward
 from transformer.training.logbook import Logbook
-from transformer.training.metrics import UpdateMeter
 from transformer.training.nan_guard import DivergenceGuard, TrainingDiverged
 from transformer.training.optimizer import Updater, build_optimizer, build_scheduler, schedule_at
 from transformer.training.prefetch import Prefetcher, batch_stream
 from transformer.training.signals import StopSignal
 from transformer.training.state import Checkpoints, TrainState
+from transformer.training.update_meter import UpdateMeter
 from transformer.training.validation import DevResult, Validator
 
 log = logging.getLogger(__name__)
