@@ -103,3 +103,18 @@ def test_unknown_keys_and_wrong_types_fail_before_anything_runs():
     bad["trainer"]["max_steps"] = "many"
     with pytest.raises(ValidationError, match="max_steps"):
         to_dataclass(TrainConfig, bad)
+
+
+@pytest.mark.parametrize("where", ["run", "new/deeper/run"])
+def test_a_refused_run_leaves_no_folder_behind(tmp_path, where):
+    """A setting refused after the run directory was opened (fp16 on a CPU) removes the
+    folders opening it made; a folder that was there stays, with what it held."""
+    from transformer.errors import UserError
+
+    with pytest.raises(UserError, match="trainer.precision=fp16"):
+        run(tmp_path / where, "trainer.precision=fp16", "trainer.device=cpu")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(UserError, match="trainer.precision=fp16"):
+        run(tmp_path / "mine", "trainer.precision=fp16", "trainer.device=cpu")
+    assert (tmp_path / "mine").is_dir()

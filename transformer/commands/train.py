@@ -86,6 +86,10 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
         log.info("precision: %s (%s)", precision, why)
         cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, precision=precision))
         return _train(cfg, run_config_yaml, run, dist_info, device, parent)
+    except BaseException:
+        if dist_info.is_main:  # refused or stopped before writing: the folder it made goes
+            run.remove_if_unused()
+        raise
     finally:
         run.close()
 

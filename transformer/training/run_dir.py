@@ -11,7 +11,9 @@ A run directory holds one run: `checkpoints/` (`step_N`, `best`), `tb/`, `train.
 - refuses to start a new run in a directory that holds another run's checkpoints, naming
   the ways out: a run never deletes or replaces checkpoints it did not write.
 `check_resumable` then refuses a model config that differs from the checkpoint's, before
-the data is prepared and before `config.yaml` is written.
+the data is prepared and before `config.yaml` is written. A run refused (or stopped)
+before it wrote anything but its lock and log removes the folders opening it made
+(`RunDir.remove_if_unused`): a refused run leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -49,11 +51,32 @@ class RunDir:
     resume_from: list[Path] = field(default_factory=list)  # candidates, newest first; [] = new run
     owned: set[str] = field(default_factory=set)  # checkpoint names this run may replace or prune
     lock: IO | None = None
+    created: Path | None = None  # the topmost folder opening it made; None: it was there
 
     def close(self) -> None:
         if self.lock is not None:
             self.lock.close()  # releases the flock
             self.lock = None
+
+    def remove_if_unused(self) -> None:
+        """Remove the folders opening the run made, while they hold nothing but its lock
+        and log: a run refused (or stopped) before it wrote anything leaves nothing."""
+        if self.created is None or not self.path.is_dir():
+            return
+        if {p.name for p in self.path.iterdir()} - {".lock", "train.log"}:
+            return
+        self.close()
+        for name in (".lock", "train.log"):
+            (self.path / name).unlink(missing_ok=True)
+        folder = self.path
+        while True:
+            try:
+                folder.rmdir()  # only an empty one
+            except OSError:
+                return
+            if folder == self.created:
+                return
+            folder = folder.parent
 
 
 def _lock(path: Path) -> IO | None:
@@ -84,6 +107,7 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
     path = Path(path)
     if is_main:
         _check_only_ours(path)
+    created = _first_missing(path) if is_main else None
     try:
         lock = _lock(path) if is_main else None
     except OSError as e:  # a file in the way, no permission, a full disk
@@ -93,11 +117,22 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
         if is_main:
             unfinished = _unfinished_writes(path / "checkpoints")
             ckpt.recover_interrupted_writes(path / "checkpoints")
-        return _decide(path, resume, lock, unfinished)
+        return dataclasses.replace(_decide(path, resume, lock, unfinished), created=created)
     except BaseException:
+        RunDir(path, lock=lock, created=created).remove_if_unused()
         if lock is not None:
             lock.close()
         raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of `path` and its parents that does not exist yet; None if it does."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return missing
+        missing = folder
+    return missing
 
 
 def _check_only_ours(path: Path) -> None:
