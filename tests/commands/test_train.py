@@ -111,10 +111,10 @@ def test_a_refused_run_leaves_no_folder_behind(tmp_path, where):
     folders opening it made; a folder that was there stays, with what it held."""
     from transformer.errors import UserError
 
-    with pytest.raises(UserError, match="trainer.precision=fp16"):
+    with pytest.raises(UserError, match=r"trainer\.precision=fp16"):
         run(tmp_path / where, "trainer.precision=fp16", "trainer.device=cpu")
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "mine").mkdir()
-    with pytest.raises(UserError, match="trainer.precision=fp16"):
+    with pytest.raises(UserError, match=r"trainer\.precision=fp16"):
         run(tmp_path / "mine", "trainer.precision=fp16", "trainer.device=cpu")
     assert (tmp_path / "mine").is_dir()
