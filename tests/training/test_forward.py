@@ -60,6 +60,29 @@ def test_accumulated_micro_batches_add_in_fp32():
         torch.testing.assert_close(low[name], grad, rtol=0, atol=0, msg=name)
 
 
+def test_a_weight_no_micro_batch_used_keeps_no_gradient_as_under_autocast():
+    """Adam steps a parameter whose .grad is a tensor, zeros too: an unused Linear keeps
+    None, as autocast's backward leaves it; one used by a later micro-batch gets its sum."""
+    model = tiny()
+    spare = nn.Linear(16, 16)
+    model.spare = spare  # a Linear the forward never calls
+    low = LowPrecisionWeights(model, torch.bfloat16)
+    model.zero_grad(set_to_none=True)
+    for i in range(2):
+        if i == 0:
+            low.refresh()
+        with torch.autocast("cpu", dtype=torch.bfloat16), low.swapped():
+            logits = model(SRC, TGT_IN)
+            if i == 1:  # the second micro-batch uses it
+                logits = logits + spare(torch.ones(1, 16)).sum()
+        logits.float().square().mean().backward()
+        low.collect(first=i == 0)
+        if i == 0:
+            assert spare.weight.grad is None and spare.bias.grad is None
+            assert model.encoder_layers[0].ffn.linear1.weight.grad is not None
+    assert spare.weight.grad is not None and spare.weight.grad.abs().sum() > 0
+
+
 def test_the_modules_hold_their_fp32_parameters_outside_the_forward():
     model = tiny()
     before = dict(model.named_parameters())

@@ -67,6 +67,7 @@ class LowPrecisionWeights:
         self.slots = [slots for _, slots in found]
         self.low = [nn.Parameter(torch.empty_like(p, dtype=dtype)) for p in self.params]
         self.grads = [torch.empty_like(p) for p in self.params]  # fp32, written in place
+        self.used = [False] * len(self.params)  # a gradient came in this update (host facts)
 
     def refresh(self) -> None:
         """Copy the fp32 weights into their low-precision copies (one op)."""
@@ -88,15 +89,18 @@ class LowPrecisionWeights:
 
     def collect(self, first: bool) -> None:
         """The copies' gradients into the fp32 parameters' `.grad` (the first micro-batch of
-        an update writes them, a later one adds); the copies' gradients are dropped."""
+        an update writes them, a later one adds); the copies' gradients are dropped. A
+        weight no micro-batch of the update used keeps `.grad` None, as autocast leaves
+        it, so the optimizer skips it rather than stepping it on a zero gradient."""
         low_grads = [low.grad if low.grad is not None else torch.zeros_like(low) for low in self.low]
+        self.used = [(not first and was) or low.grad is not None for was, low in zip(self.used, self.low)]
         with torch.no_grad():
             if first:
                 torch._foreach_copy_(self.grads, low_grads)
             else:
                 torch._foreach_add_(self.grads, low_grads)
-        for p, g, low in zip(self.params, self.grads, self.low):
-            p.grad = g
+        for p, g, low, used in zip(self.params, self.grads, self.low, self.used):
+            p.grad = g if used else None
             low.grad = None
 
 
