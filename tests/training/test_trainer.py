@@ -79,7 +79,7 @@ def test_the_steady_state_reads_once_per_log_interval(tmp_path, device_code_path
                   f"trainer.precision={precision}", f"trainer.accum_steps={accum}")
     reads = steady_state_reads(trainer, 21, accum)  # updates 3..22 counted: the log grid at 10 and 20
     assert reads.total == 2, reads.by_site
-    assert set(reads.by_op) == {"tolist"} and all(site.startswith("metrics.py") for site in reads.by_site)
+    assert set(reads.by_op) == {"tolist"} and all(site.startswith("update_meter.py") for site in reads.by_site)
     assert trainer.state.step == 22 and trainer.state.skipped_steps == 0
 
 
