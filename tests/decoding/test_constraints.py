@@ -18,7 +18,12 @@ import torch
 from transformer import Translator
 from transformer.commands import translate as translate_command
 from transformer.config import ConfigError, DecodeConfig
-from transformer.decoding.constraints import Constraints, ban_repeats, force_prefix
+from transformer.decoding.constraints import (
+    ConstrainedSteps,
+    Constraints,
+    ban_repeats,
+    force_prefix,
+)
 from transformer.decoding.search import search
 
 from helpers import pad_batch, tiny_model
@@ -51,6 +56,19 @@ def test_force_prefix_keeps_the_wanted_tokens_logit_only():
     force_prefix(logits, torch.tensor([4, -1]))  # row 1: its prefix is over
     assert logits[0].tolist() == [-math.inf] * 4 + [4.0, -math.inf]
     assert logits[1].tolist() == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+
+
+def test_constrained_steps_keep_each_rows_history_through_a_reorder():
+    """Row histories follow the search's choice of rows: after rows swap, each row's ban
+    is of the bigrams it wrote itself (BOS 2; vocabulary of 8)."""
+    steps = ConstrainedSteps(Constraints.build(None, 2, "cpu"), rows=2, bound=4, bos=2, device="cpu")
+    for step, tokens in enumerate(([5, 6], [7, 7], [5, 6])):
+        steps.advance(None, torch.tensor(tokens), step)
+    steps.advance(torch.tensor([1, 0]), torch.tensor([6, 5]), 3)  # rows swap, then write
+    # row 0 is the old row 1 (6 7 6) and then 6; row 1 the old row 0 (5 7 5) and then 5
+    logp = steps(torch.zeros(2, 8), torch.tensor([0, 0]), 4)
+    assert torch.isinf(logp[0]).nonzero().flatten().tolist() == [6, 7]  # "6 7", "6 6" written
+    assert torch.isinf(logp[1]).nonzero().flatten().tolist() == [5, 7]  # "5 7", "5 5" written
 
 
 def test_no_constraints_build_nothing_and_bad_sizes_are_refused():

@@ -4,7 +4,9 @@ Shapes: R rows of the step (hypotheses), V vocabulary, t the tokens written so f
 step), B sentences of the batch, P the longest prefix.
 
     constraints = Constraints.build(prefixes, no_repeat_ngram_size=3, device=device)
-    logits = constraints(logits, history, sent, step)   # in place, once a step, in search.py
+    steps = ConstrainedSteps(constraints, rows, bound, bos_id, device)   # search.py, per batch
+    steps(logp, sent, step)                 # in place, once a step
+    steps.advance(index, tokens, step)      # the rows the search kept, and their tokens
 
 Both act on a step's log-probabilities, as the search's own rule for padding, BOS and an
 early EOS does: a token they rule out gets -inf, and a token they let
@@ -74,6 +76,31 @@ class Constraints:
         if wanted is not None:
             force_prefix(logits, wanted)
         return logits
+
+
+class ConstrainedSteps:
+    """A batch's `Constraints` applied to each step of its search (`search.py`). The
+    n-gram rule needs each row's own tokens, which the search keeps only as back-pointers
+    (`finished.Finished`): so, with that rule on alone, a (R, bound + 2) history of BOS and
+    the tokens written, reordered with the rows (`advance`)."""
+
+    def __init__(self, constraints: Constraints, rows: int, bound: int, bos: int,
+                 device: torch.device) -> None:
+        self.constraints = constraints
+        self.history = (torch.full((rows, bound + 2), bos, device=device)
+                        if constraints.no_repeat_ngram_size else None)  # (R, bound + 2)
+
+    def __call__(self, logp: torch.Tensor, sent: torch.Tensor, step: int) -> torch.Tensor:
+        """logp (R, V) in place; sent (R,): each row's sentence in the batch."""
+        return self.constraints(logp, self.history, sent, step)
+
+    def advance(self, index: torch.Tensor | None, tokens: torch.Tensor, step: int) -> None:
+        """Row i of the next step is row index[i] (None: row i) plus tokens[i] (R',)."""
+        if self.history is None:
+            return
+        if index is not None:
+            self.history = self.history.index_select(0, index)
+        self.history[:, step + 1] = tokens
 
 
 def force_prefix(logits: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer.config import DecodeConfig
-from transformer.decoding.constraints import Constraints
+from transformer.decoding.constraints import ConstrainedSteps, Constraints
 from transformer.decoding.finished import Finished, Hypothesis, length_penalty
 from transformer.model.cache import DecoderCache
 
@@ -175,31 +175,6 @@ def _forbidden(cfg, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return always, torch.cat([always, torch.tensor([cfg.eos_id], device=device)])
 
 
-class _Constrained:
-    """A batch's `Constraints` (forced prefixes, no repeated n-grams) applied to each step's
-    log-probabilities. The n-gram rule needs each row's own tokens, which the search keeps
-    only as back-pointers (`finished.Finished`): so, with that rule on alone, a (R, bound + 2)
-    history of BOS and the tokens written, reordered with the rows."""
-
-    def __init__(self, constraints: Constraints, rows: int, bound: int, bos: int,
-                 device: torch.device) -> None:
-        self.constraints = constraints
-        self.history = (torch.full((rows, bound + 2), bos, device=device)
-                        if constraints.no_repeat_ngram_size else None)  # (R, bound + 2)
-
-    def __call__(self, logp: torch.Tensor, sent: torch.Tensor, step: int) -> torch.Tensor:
-        """logp (R, V) in place; sent (R,): each row's sentence in the batch."""
-        return self.constraints(logp, self.history, sent, step)
-
-    def advance(self, index: torch.Tensor | None, tokens: torch.Tensor, step: int) -> None:
-        """Row i of the next step is row index[i] (None: row i) plus tokens[i] (R',)."""
-        if self.history is None:
-            return
-        if index is not None:
-            self.history = self.history.index_select(0, index)
-        self.history[:, step + 1] = tokens
-
-
 def _live_rows(open_: torch.Tensor, step: int, sync_every: int, buckets: bool) -> torch.Tensor | None:
     """The rows to keep after a step, (A',) in order; None: keep them all; an empty
     tensor: every sentence is done. open_ (A,) bool, on the device: not done.
@@ -273,7 +248,7 @@ def greedy_search(
     rows = alive  # (A,) each row extends itself
     scores = torch.zeros(n, dtype=torch.float32, device=device)  # (A,)
     open_ = torch.ones(n, dtype=torch.bool, device=device)  # (A,) not ended yet
-    rule = None if constraints is None else _Constrained(constraints, n, bound, cfg.bos_id, device)
+    rule = None if constraints is None else ConstrainedSteps(constraints, n, bound, cfg.bos_id, device)
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         logp = decoder.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
         if rule is not None:
@@ -375,7 +350,7 @@ def beam_search(
     c = min(2 * k, cfg.vocab_size)  # winners per row (`best_continuations`)
     rows = candidate_rows(n, 1, c, device)  # (A, W*C): fan-out makes W = K, and then
     fanned = candidate_rows(n, k, c, device)  # fewer sentences keep a prefix of these
-    rule = None if constraints is None else _Constrained(constraints, n, bound, cfg.bos_id, device)
+    rule = None if constraints is None else ConstrainedSteps(constraints, n, bound, cfg.bos_id, device)
     for step in range(bound + 1):  # by step `bound` every sentence is at its max length
         a, w = scores.size()
         logp = decoder.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
