@@ -322,7 +322,9 @@ def test_the_old_decode_max_tokens_moves_to_batch_tokens_with_one_warning(monkey
         "decode.max_tokens is deprecated: it is now decode.batch_tokens (source tokens per decoding batch)"]
     assert DecodeConfig(max_tokens=300, batch_tokens=300).batch_tokens == 300
     with pytest.raises(ConfigError, match=r"^decode.max_tokens=300: the old name of decode.batch_tokens, "
-                                          r"which is given too \(200\): give decode.batch_tokens alone$"):
+                                          r"which holds 200: set decode.batch_tokens alone$"):
         DecodeConfig(max_tokens=300, batch_tokens=200)
     with pytest.raises(ConfigError, match=r"^decode.max_tokens=0: must be >= 1$"):
         DecodeConfig(max_tokens=0)
+    with pytest.raises(ConfigError, match=r"^decode.max_tokens=1000000: must be <= 131072"):
+        DecodeConfig(max_tokens=1_000_000)

@@ -373,9 +373,10 @@ class DecodeConfig:
         if self.max_tokens is None:
             return
         positive("decode.max_tokens", self.max_tokens)  # named as typed, not as batch_tokens
+        _at_most("decode.max_tokens", self.max_tokens, MAX_BATCH_TOKENS)
         require(self.batch_tokens in (None, self.max_tokens), "decode.max_tokens", self.max_tokens,
-                f"the old name of decode.batch_tokens, which is given too ({self.batch_tokens}): "
-                "give decode.batch_tokens alone")
+                f"the old name of decode.batch_tokens, which holds {self.batch_tokens}: set "
+                "decode.batch_tokens alone")
         _deprecated("decode.max_tokens", "decode.batch_tokens (source tokens per decoding batch)")
         self.batch_tokens, self.max_tokens = self.max_tokens, None
 

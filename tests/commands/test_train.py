@@ -118,3 +118,16 @@ def test_a_refused_run_leaves_no_folder_behind(tmp_path, where):
     with pytest.raises(UserError, match=r"trainer\.precision=fp16"):
         run(tmp_path / "mine", "trainer.precision=fp16", "trainer.device=cpu")
     assert (tmp_path / "mine").is_dir()
+
+
+def test_a_refused_console_run_leaves_no_folder_behind(tmp_path):
+    """The same through the console command, where Hydra makes the run directory before
+    mt-train opens it: the folders are its own, and go."""
+    from helpers import shared_cache
+
+    cmd = [sys.executable, "-m", "transformer.commands.train", *DEBUG, "trainer.precision=fp16",
+           "trainer.device=cpu", f"trainer.run_dir={tmp_path / 'new' / 'deeper' / 'run'}",
+           f"data.cache_dir={shared_cache()}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "trainer.precision=fp16" in proc.stderr, proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

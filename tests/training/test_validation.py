@@ -33,16 +33,3 @@ def test_a_failure_in_validation_keeps_the_updates_before_it(tmp_path, monkeypat
     saved = ckpt.step_checkpoints(tmp_path / "run")
     assert [p.name for p in saved] == ["step_10"]
     assert ckpt.load_trainer_state(saved[0])["train_state"]["step"] == 10
-
-
-def test_the_dev_bleu_settings_are_resolved_once_a_run(tmp_path, monkeypatch):
-    """Three validations: the decode settings are resolved at the first and reused after
-    (settings.resolve_precision counted)."""
-    from transformer.decoding import settings
-
-    calls = []
-    real = settings.resolve_precision
-    monkeypatch.setattr(settings, "resolve_precision",
-                        lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
-    run(tmp_path / "run", "trainer.max_steps=6", "trainer.val_every=2")
-    assert len(calls) == 1

@@ -43,7 +43,7 @@ from transformer.config import (
 )
 from transformer.data.corpus import DataError
 from transformer.data.pipeline import load_test_set
-from transformer.decoding.loading import load_for_inference
+from transformer.decoding.loading import in_decode_dtype, load_for_inference
 from transformer.decoding.settings import decode_settings
 from transformer.decoding.text import translate_lines
 from transformer.metrics.name_copy import SIGNATURE, name_copy
@@ -135,11 +135,10 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         raise DataError(f"test set {cfg.test_set!r} has no sentence pairs to score")
     # the same references for every method: an earlier evaluation's identical file is fine
     outputs.check(files["ref"], _inputs(cfg), same_as="".join(f"{r}\n" for r in refs))
-    # the weights in the precision they decode in (no batch casts them again)
-    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads,
-                                                  cfg.decode.precision, "decode.precision")
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
     start = time.perf_counter()
     decode = decode_settings(cfg.decode, device, model)  # once: what runs is what the report says
+    model = in_decode_dtype(model, decode)  # the weights cast once: no batch casts them again
     counts: dict[str, int] = {}
     hyps = translate_lines(model, tokenizer, src, decode, device, progress=cfg.progress,
                            counts=counts)

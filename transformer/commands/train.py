@@ -70,7 +70,7 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
     # continues from; the others take its decision (tidying removes evidence that decision
     # reads, so they cannot make it again). If it refuses to start, torchrun stops them.
     if dist_info.is_main:
-        run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, is_main=True)
+        run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, is_main=True, made_since=_started)
     if dist_info.world_size > 1:
         decided = [[str(p) for p in run.resume_from], sorted(run.owned)] if dist_info.is_main else [None, None]
         dist.broadcast_object_list(decided, src=0)

@@ -45,7 +45,8 @@ from transformer.config import (
     require,
 )
 from transformer.data.corpus import iter_decoded, iter_lines
-from transformer.decoding.loading import load_for_inference
+from transformer.decoding.loading import in_decode_dtype, load_for_inference
+from transformer.decoding.settings import decode_settings
 from transformer.decoding.stream import input_ready, iter_nbest
 from transformer.decoding.text import format_nbest
 
@@ -163,12 +164,12 @@ def translate(cfg: TranslateConfig) -> None:
     prefixes = read_prefixes(cfg.input)
     if cfg.output is None and sys.stdout is None:  # started with stdout closed (>&-)
         raise ConfigError("stdout is closed: add output=FILE")
-    # the weights in the precision they decode in: no window casts them again
-    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads,
-                                                  cfg.decode.precision, "decode.precision")
+    model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
+    decode = decode_settings(cfg.decode, device, model)  # once for the command
+    model = in_decode_dtype(model, decode)  # the weights cast once: no window casts them again
     progress = cfg.progress and cfg.input.file is not None and Path(cfg.input.file).expanduser().is_file()
     start, counts = time.perf_counter(), {"lines": 0, "sentences": 0}
-    found = iter_nbest(model, tokenizer, lines, cfg.decode, device, ready=ready,
+    found = iter_nbest(model, tokenizer, lines, decode, device, ready=ready,
                        progress=progress, counts=counts, prefixes=prefixes)
     write_lines(_formatted(found, cfg.decode.nbest > 1), out)
     log.info("translated %d line(s), %d sentence(s) in %.1f s", counts["lines"],

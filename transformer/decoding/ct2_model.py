@@ -2,10 +2,10 @@
 
 Shapes: B batch (sentences), S source length.
 
-    model, tokenizer, device = text.load_for_inference("exports/tatoeba_int8", "cpu")
+    model, tokenizer, device = loading.load_for_inference("exports/tatoeba_int8", "cpu")
     text.translate_nbest(model, tokenizer, lines, DecodeConfig())  # as with a checkpoint
 
-`text.load_for_inference` returns a `CT2Model` for a directory holding export.json,
+`loading.load_for_inference` returns a `CT2Model` for a directory holding export.json,
 and `text.translate_nbest` calls its `search(src_ids, cfg)` where it would call
 `search.search(model, src_ids, cfg)`: the same padded source ids in (no BOS or EOS), the
 same n-best lists of `Hypothesis` out, so normalising, cutting long inputs, batching,
@@ -130,7 +130,7 @@ def export_device(pref: str) -> torch.device:
 
 def load_export(path: str | Path, device_pref: str = "auto", threads: int | None = None):
     """(CT2Model, tokenizer, device) from an export directory, as
-    `text.load_for_inference` gives them for a checkpoint."""
+    `loading.load_for_inference` gives them for a checkpoint."""
     device = export_device(device_pref)
     model = CT2Model(path, device, threads)
     tokenizer = Tokenizer.load(Path(path) / TOKENIZER_FILE)

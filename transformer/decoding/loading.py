@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.config import ConfigError
+from transformer.config import ConfigError, DecodeConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
 from transformer.decoding.settings import DTYPES
@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no impor
 
 def load_for_inference(
     checkpoint: str | None, device_pref: str, threads: int | None = None, dtype: str | None = None,
-    dtype_key: str = "dtype",
 ) -> tuple[Transformer | CT2Model, Tokenizer, torch.device]:
     """(model, tokenizer, device) from a checkpoint directory or a CTranslate2 export.
 
@@ -49,7 +48,6 @@ def load_for_inference(
             `auto` (`device.resolve_precision`'s choice), `fp32`, `bf16` or `fp16`
             (CUDA); None: as saved (fp32). A model decoded in another precision gets
             copies of its weights for each call (`weights.held_in`). Not for an export.
-        dtype_key: the key errors about `dtype` name (the commands': decode.precision).
 
     Returns:
         model: a `Transformer` in eval mode on the device, or a `CT2Model`.
@@ -66,14 +64,21 @@ def load_for_inference(
         raise CheckpointError("no checkpoint given: add checkpoint=path/to/checkpoint_dir")
     if is_export(checkpoint):
         if dtype not in (None, "auto"):
-            raise ConfigError(f"{dtype_key}={dtype}: an export computes in the type it was "
-                              f"exported with; leave {dtype_key}=auto")
+            raise ConfigError(f"dtype={dtype}: an export computes in the type it was exported "
+                              "with; leave dtype=auto")
         return load_export(checkpoint, device_pref, threads)
     device = resolve_device(device_pref, key="device")
-    held = None if dtype is None else DTYPES[resolve_precision(dtype, device, key=dtype_key)[0]]
+    held = None if dtype is None else DTYPES[resolve_precision(dtype, device, key="dtype")[0]]
     if device.type == "cpu":
         keep_large_blocks_in_the_heap()
         if threads is not None:
             torch.set_num_threads(threads)
     model, tokenizer = load_model(checkpoint, device)
     return (model if held is None else model.to(held)), tokenizer, device
+
+
+def in_decode_dtype(model: Transformer | CT2Model, decode: DecodeConfig) -> Transformer | CT2Model:
+    """`model` with its weights in the dtype of `decode`'s resolved precision
+    (`settings.decode_settings`): a command casts them once, so that no batch or window
+    casts them again (`weights.held_in` finds them there). An export as it is."""
+    return model if isinstance(model, CT2Model) else model.to(DTYPES[decode.precision])

@@ -44,7 +44,7 @@ from transformer.data.sentences import segment, split_sentences
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import CT2Model
 from transformer.decoding.search import length_penalty, logsumexp
-from transformer.decoding.settings import CPU_BATCH_TOKENS
+from transformer.decoding.settings import CPU_BATCH_TOKENS, decode_settings
 from transformer.decoding.text import _inference_mode
 from transformer.decoding.tokens import token_details
 
@@ -125,8 +125,9 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
         targets: their translations, one per source line: a text, or the pieces of one
             (`Translation.tokens`), taken as they are (no tokenising again), paired with
             a source of one sentence (else the line is scored whole).
-        cfg: settings with their device defaults filled in (`settings.decode_settings`):
-            lenpen, split_sentences, batch_tokens, precision; min_len for an export.
+        cfg: the settings (their device defaults filled in here, `settings.decode_settings`,
+            unless they are already): lenpen, split_sentences, batch_tokens, precision;
+            min_len for an export.
         device: where the model is.
         details: if given, receives per line the log-probabilities of its pieces and
             EOS (each sentence's EOS after its pieces), `tokens.token_details`.
@@ -136,7 +137,9 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
 
     Raises:
         ValueError: a translation (or a sentence of it) longer than the model writes.
+        ConfigError: settings the model or device cannot run.
     """
+    cfg = decode_settings(cfg, device, model)
     limit = model.cfg.max_positions
     segs = segment(sources, tokenizer, limit, cfg.split_sentences)
     units: list[list[list[int]]] = [[] for _ in sources]

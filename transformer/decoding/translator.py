@@ -36,6 +36,7 @@ the same calls made one after another would give. Not safe: changing the Transla
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -97,8 +98,8 @@ class Translator:
         with as_arguments():
             _check_threads(threads)
             decode = DecodeConfig() if decode is None else decode  # `load`'s comes resolved
-            self.decode = decode if resolved(decode, device, model) else \
-                decode_settings(decode_config(decode, {}), device, model)
+            self.decode = copy.copy(decode) if resolved(decode, device, model) else \
+                decode_settings(decode_config(decode, {}), device, model)  # a copy: its own
         if not isinstance(model, CT2Model):
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
@@ -295,7 +296,7 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
           settings: dict[str, Any], dtype: str = "auto",
           ) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
     """`Translator.load`'s work: every argument checked before any is used, then the model
-    read (no process-wide setting: the commands' `text.load_for_inference` makes those)."""
+    read (no process-wide setting: the commands' `loading.load_for_inference` makes those)."""
     if "nbest" in settings:
         raise ConfigError("nbest: give it to translate(), whose result it shapes")
     check_device("device", device)

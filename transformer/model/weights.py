@@ -4,7 +4,7 @@ A decoder step under autocast casts every fp32 weight it reads to bf16 or fp16, 
 call: counted on a CPU on the path a GPU runs, those casts are the most frequent op of
 such a step. A model held in the compute dtype (CTranslate2's `compute_type`) runs without
 autocast and casts nothing. `held_in` swaps such copies in for one call, when a model is
-kept in fp32 for training or by its loader; `text.load_for_inference(dtype=...)` and
+kept in fp32 for training or by its loader; `loading.load_for_inference(dtype=...)` and
 `Translator.load(dtype=...)` load the weights in that dtype once, and a `Translator`,
 whose model threads share, decodes a call in another dtype on a copy (`copied_in`).
 """

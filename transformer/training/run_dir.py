@@ -65,9 +65,9 @@ class RunDir:
             return
         if {p.name for p in self.path.iterdir()} - {".lock", "train.log"}:
             return
-        self.close()
-        for name in (".lock", "train.log"):
+        for name in ("train.log", ".lock"):  # while the lock is held: no run can take it first
             (self.path / name).unlink(missing_ok=True)
+        self.close()
         folder = self.path
         while True:
             try:
@@ -99,8 +99,13 @@ def _lock(path: Path) -> IO | None:
     return f
 
 
-def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
+def open_run_dir(path: str | Path, resume: str, is_main: bool = True,
+                 made_since: float | None = None) -> RunDir:
     """Lock and tidy `path` (rank 0 only) and decide what the run continues from.
+
+    made_since: when the command started (seconds since the epoch), if it may have made
+    `path` itself before this call (Hydra does): an empty `path` last changed since then
+    counts as made by the run (`RunDir.created`).
 
     Raises RunDirError when a new run would start among another run's checkpoints.
     """
@@ -108,6 +113,8 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
     if is_main:
         _check_only_ours(path)
     created = _first_missing(path) if is_main else None
+    if is_main and created is None and made_since is not None and _new_and_empty(path, made_since):
+        created = path
     try:
         lock = _lock(path) if is_main else None
     except OSError as e:  # a file in the way, no permission, a full disk
@@ -123,6 +130,13 @@ def open_run_dir(path: str | Path, resume: str, is_main: bool = True) -> RunDir:
         if lock is not None:
             lock.close()
         raise
+
+
+def _new_and_empty(path: Path, since: float) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir()) and path.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -237,6 +251,9 @@ def remove_new_empty_dirs(path: str | Path, since: float, stop: str | Path) -> l
     removed: list[Path] = []
     path, stop = Path(path).absolute(), Path(stop).absolute()
     while path != stop and stop in path.parents:
+        if not path.exists():  # removed already (`RunDir.remove_if_unused`): on to its parent
+            path = path.parent
+            continue
         try:
             if not path.is_dir() or any(path.iterdir()) or path.stat().st_mtime < since:
                 break

@@ -25,7 +25,6 @@ import torch
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding.settings import decode_settings
 from transformer.decoding.text import translate_lines
 from transformer.device import give_back_free_heap
 from transformer.metrics.name_copy import NameCopy, name_copy
@@ -106,7 +105,8 @@ class Validator:
         loss_sum, nll_sum = sums.tolist()  # the one read of the dev loss
         sample = dev.select(self.bleu_index[name])
         src, refs = list(sample["src"]), list(sample["tgt"])
-        self.decode = decode_settings(self.decode, self.device, model)  # at the first validation only
+        # resolved at each validation (`settings.decode_settings`): on CUDA the batch is sized
+        # to the memory free then, which training's own use changes between validations
         hyps = translate_lines(model, tok, src, self.decode, self.device, after_batch=self.after_batch)
         return DevResult(
             loss=loss_sum / n_tokens, nll=nll_sum / n_tokens,
