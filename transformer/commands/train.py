@@ -51,12 +51,14 @@ log = logging.getLogger(__name__)
 _started: float | None = None  # when main() began: before Hydra made the run directory
 
 
-def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
+def train(cfg: TrainConfig, run_config_yaml: str, made_since: float | None = None) -> Trainer:
     """Run training as described by cfg; returns the trainer (its model and final state).
 
     Every check that can fail on the user's settings runs before the data is prepared:
     the run directory (lock, leftovers, whose checkpoints), the model config against the
-    checkpoint resumed, the precision on this device.
+    checkpoint resumed, the precision on this device. `made_since`: when the command
+    began, for a run directory Hydra may have made since (`run_dir.open_run_dir`); None:
+    the directory is the run's own only where it was missing.
     """
     parent = None
     if cfg.trainer.init_from:  # checked before anything is made: a refused run leaves nothing
@@ -70,7 +72,7 @@ def train(cfg: TrainConfig, run_config_yaml: str) -> Trainer:
     # continues from; the others take its decision (tidying removes evidence that decision
     # reads, so they cannot make it again). If it refuses to start, torchrun stops them.
     if dist_info.is_main:
-        run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, is_main=True, made_since=_started)
+        run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, is_main=True, made_since=made_since)
     if dist_info.world_size > 1:
         decided = [[str(p) for p in run.resume_from], sorted(run.owned)] if dist_info.is_main else [None, None]
         dist.broadcast_object_list(decided, src=0)
@@ -202,8 +204,8 @@ def job(hydra_cfg: DictConfig) -> float:
     cfg, run_config_yaml = configure(hydra_cfg)
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         sweep.join_submitit_tasks()  # a trial of several submitit tasks trains with DDP
-        return sweep.trial_score(lambda: train(cfg, run_config_yaml))
-    return train(cfg, run_config_yaml).state.best_bleu
+        return sweep.trial_score(lambda: train(cfg, run_config_yaml, _started))
+    return train(cfg, run_config_yaml, _started).state.best_bleu
 
 
 class RunDirPath(Callback):
