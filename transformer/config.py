@@ -1,6 +1,8 @@
 """Typed settings, one dataclass per Hydra config group, with their valid ranges.
 
-Each setting's default and help text live here, once. `configs/<group>/*.yaml` mirror these
+Each setting's default and help text live here, once: the default in the field, the help
+in the docstring below it, which `mt-* --help` prints (`transformer/commands/help.py`) and
+the API reference shows. `configs/<group>/*.yaml` mirror these
 dataclasses one-to-one: the entry points (`transformer/commands/cli.py`) register each
 dataclass with Hydra as its group's schema, and a preset holds only what it changes.
 Hydra composes them only at the entry points; everything else receives these plain
@@ -79,21 +81,38 @@ def _fraction(key: str, value: float) -> None:
 class ModelConfig:
     """The Transformer of Vaswani et al. (2017); defaults are the paper's base model."""
 
-    vocab_size: int = 8000  # set from the tokenizer at training time
-    d_model: int = 512  # width of embeddings and every sublayer's output
-    n_heads: int = 8  # attention heads (must divide d_model)
-    d_ff: int = 2048  # inner width of each position-wise feed-forward network
-    n_encoder_layers: int = 6  # encoder layers (N in the paper)
-    n_decoder_layers: int = 6  # decoder layers
-    dropout: float = 0.1  # on each sublayer's output before the residual add, and on embeddings+positions
-    attn_dropout: float = 0.1  # on the attention weights
-    ffn_dropout: float = 0.1  # on the FFN's inner ReLU activations (fairseq's activation_dropout)
-    max_positions: int = 1024  # rows of the sinusoidal table: the longest sequence, BOS/EOS included
-    pre_norm: bool = False  # the paper is post-norm: LayerNorm(x + Sublayer(x))
-    tie_embeddings: bool = True  # the paper's three-way tying: src emb = tgt emb = output proj
-    pad_id: int = 0  # special token ids: set from the tokenizer at training time
-    bos_id: int = 2  # begins each decoder input
-    eos_id: int = 3  # end of sequence: ends each target, and decoding
+    vocab_size: int = 8000
+    """Pieces of the vocabulary; a training run sets it from its tokenizer."""
+    d_model: int = 512
+    """Width of the embeddings and of every sublayer's output."""
+    n_heads: int = 8
+    """Attention heads; must divide d_model."""
+    d_ff: int = 2048
+    """Inner width of each position-wise feed-forward network."""
+    n_encoder_layers: int = 6
+    """Encoder layers (N in the paper)."""
+    n_decoder_layers: int = 6
+    """Decoder layers."""
+    dropout: float = 0.1
+    """Dropout on each sublayer's output before the residual add, and on embeddings plus
+    positions."""
+    attn_dropout: float = 0.1
+    """Dropout on the attention weights."""
+    ffn_dropout: float = 0.1
+    """Dropout on the feed-forward network's inner ReLU activations (fairseq's
+    activation_dropout)."""
+    max_positions: int = 1024
+    """Rows of the sinusoidal position table: the longest sequence, BOS/EOS included."""
+    pre_norm: bool = False
+    """LayerNorm before each sublayer; false: the paper's post-norm, LayerNorm(x + Sublayer(x))."""
+    tie_embeddings: bool = True
+    """The paper's three-way tying: source embedding = target embedding = output projection."""
+    pad_id: int = 0
+    """Id of the padding token; a training run sets it from its tokenizer."""
+    bos_id: int = 2
+    """Id of the token that begins each decoder input."""
+    eos_id: int = 3
+    """Id of the end-of-sequence token, which ends each target, and decoding."""
 
     def validate(self, prefix: str = "model") -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
@@ -128,62 +147,88 @@ class PhaseConfig:
     """A phase of a mix's schedule (`data.phases`): how many epochs it lasts and the corpus
     weights its epochs draw with; a corpus it leaves out draws nothing."""
 
-    epochs: int = 1  # 0: skipped (a search can turn the phase off)
-    corpora: dict[str, float] = field(default_factory=dict)  # e.g. {tatoeba: 1}
+    epochs: int = 1
+    """Epochs the phase lasts; 0 skips it (a search can turn the phase off)."""
+    corpora: dict[str, float] = field(default_factory=dict)
+    """The weights its epochs draw with, e.g. {tatoeba: 1}."""
 
 
 @dataclass
 class DataConfig:
-    """Which corpus, how it is cleaned, tokenized and batched."""
+    """Which corpus, how it is cleaned, tokenized and batched.
 
-    name: str = "tatoeba"  # tatoeba | europarl | iwslt2017 | opus100 | files | sample | mix
-    # name=mix: the corpora trained on together, each with its weight: the share of training
-    # pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}
+    The project's folders, `root` and `cache_dir`, resolve against the project root; the
+    user's files (`train_src` ... `hub_local_dir`, `tokenizer`) against the working directory.
+    """
+
+    name: str = "tatoeba"
+    """The corpus: tatoeba | europarl | iwslt2017 | opus100 | files (your own) | sample | mix."""
     corpora: dict[str, float] = field(default_factory=dict)
-    # name=mix: the first epochs' own weights, in order, e.g. a Tatoeba-first phase
-    # [{epochs: 2, corpora: {tatoeba: 1}}]; `corpora` hold after the last (transformer/data/mixture.py)
+    """name=mix: the corpora trained on together, each with its weight, the share of
+    training pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}."""
     phases: list[PhaseConfig] = field(default_factory=list)
-    # name=mix: training pairs per epoch (fairseq's --virtual-epoch-size), the unit of
-    # `phases` and trainer.max_epochs; null: all the corpora's pairs
+    """name=mix: the first epochs' own weights, in order, e.g. a Tatoeba-first phase
+    [{epochs: 2, corpora: {tatoeba: 1}}]; `corpora` hold after the last."""
     epoch_pairs: int | None = None
-    # The project's folders, root and cache_dir, resolve against the project root; the
-    # user's files (train_src ... hub_local_dir) against the working directory.
-    root: str = "../shared/data"  # the shared corpora; eval sets live in {root}/eval
-    src_lang: str = "it"  # source language code (the side translated from)
-    tgt_lang: str = "en"  # target language code
-    # data=files: plain-text pair (train_src/train_tgt), or one TSV / JSONL in train_src
+    """name=mix: training pairs per epoch (fairseq's --virtual-epoch-size), the unit of
+    `phases` and trainer.max_epochs; null: all the corpora's pairs."""
+    root: str = "../shared/data"
+    """Where the named corpora lie (relative: to the project root); test sets in {root}/eval."""
+    src_lang: str = "it"
+    """Source language code (the side translated from)."""
+    tgt_lang: str = "en"
+    """Target language code (the side translated to)."""
     train_src: str | None = None
-    train_tgt: str | None = None  # the target side of a plain-text pair; null: train_src is TSV / JSONL
-    dev_src: str | None = None  # dev set, as train_src; null: the last 2% of train (at most 2,000 pairs)
-    dev_tgt: str | None = None  # its target side (a plain-text pair)
-    # data=iwslt2017 / opus100: hub id, config and revision (or a local parquet folder)
+    """data=files: the training source file of a line-aligned plain-text pair, or one TSV
+    (src<TAB>tgt) or JSONL file holding both sides."""
+    train_tgt: str | None = None
+    """data=files: the training target file of a plain-text pair; null: train_src is TSV or JSONL."""
+    dev_src: str | None = None
+    """data=files: the dev set, as train_src; null: the last 2% of train (at most 2,000 pairs)."""
+    dev_tgt: str | None = None
+    """data=files: the dev set's target file (a plain-text pair)."""
     hub_id: str | None = None
-    hub_config: str | None = None  # the dataset's configuration (language pair) on the hub
-    hub_revision: str | None = None  # a branch, tag or commit of the hub's dataset
-    hub_local_dir: str | None = None  # parquet files laid out as on the hub (tests, mirrors)
-    # cleaning
-    max_len: int = 128  # tokens per side after SentencePiece; longer pairs are dropped
-    max_len_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this
-    max_train_pairs: int | None = None  # keep only the first N training pairs (debugging)
-    # vocabulary (the model's vocab_size is then the tokenizer's size)
-    # An existing SentencePiece model (a .model file, or a checkpoint directory's
-    # tokenizer.model) to encode this data with, instead of training one: the spm_*
-    # settings are then unused. A fine-tuning run (trainer.init_from) uses its checkpoint's.
+    """data=iwslt2017 / opus100: the dataset's id on the Hugging Face hub."""
+    hub_config: str | None = None
+    """The hub dataset's configuration (its language pair)."""
+    hub_revision: str | None = None
+    """A branch, tag or commit of the hub dataset."""
+    hub_local_dir: str | None = None
+    """Parquet files laid out as on the hub (a mirror), read instead of the hub."""
+    max_len: int = 128
+    """Tokens per side after SentencePiece; longer training pairs are dropped."""
+    max_len_ratio: float = 3.0
+    """Training pairs whose token-length ratio exceeds this are dropped."""
+    max_train_pairs: int | None = None
+    """Keep only the first N training pairs (debugging); null: all."""
     tokenizer: str | None = None
-    spm_vocab_size: int = 8000  # pieces of the joint SentencePiece vocabulary
-    spm_model_type: str = "unigram"  # unigram | bpe
-    spm_character_coverage: float = 1.0  # SentencePiece character_coverage: 1.0 keeps every character
-    spm_input_sentence_size: int = 1_000_000  # at most this many sentences (a seeded sample) train the vocabulary
-    # batching
-    max_tokens: int = 4096  # padded tokens per batch and side (fairseq --max-tokens)
-    bucket_chunk: int = 100  # batches' worth of examples sorted together before shuffling
-    num_proc: int = 2  # preparation: worker processes that clean and encode chunks (SentencePiece threads for a small corpus)
-    cache_dir: str = "data/cache"  # tokenizers and encoded corpora (git-ignored)
-    # training's batches as the loop gets them (docs/performance.md, "The training loop"):
-    # pad both lengths up to a multiple of this; null: 8 on a GPU (few distinct shapes for
-    # trainer.compile, tensor-core-sized matrices), 1 on a CPU (where padding is compute)
+    """An existing SentencePiece model (a .model file, or a checkpoint directory's
+    tokenizer.model) to encode with instead of training one (the spm_* settings are then
+    unused); a fine-tuning run (trainer.init_from) uses its checkpoint's."""
+    spm_vocab_size: int = 8000
+    """Pieces of the joint SentencePiece vocabulary trained on the corpus (the model's
+    vocab_size is then the tokenizer's)."""
+    spm_model_type: str = "unigram"
+    """The SentencePiece algorithm: unigram | bpe."""
+    spm_character_coverage: float = 1.0
+    """SentencePiece's character_coverage: 1.0 keeps every character."""
+    spm_input_sentence_size: int = 1_000_000
+    """At most this many sentences (a seeded sample) train the vocabulary."""
+    max_tokens: int = 4096
+    """Padded tokens per training batch and side (fairseq's --max-tokens)."""
+    bucket_chunk: int = 100
+    """Batches' worth of examples sorted by length together before the batches are shuffled."""
+    num_proc: int = 2
+    """Preparation's worker processes that clean and encode chunks (SentencePiece threads
+    for a small corpus)."""
+    cache_dir: str = "data/cache"
+    """Where tokenizers and encoded corpora are kept (relative: to the project root)."""
     pad_to_multiple: int | None = None
-    prefetch_batches: int = 4  # batches a background thread collates ahead (host memory)
+    """Pad a training batch's lengths up to a multiple of this; null: 8 on a GPU (few
+    distinct shapes for trainer.compile, tensor-core-sized products), 1 on a CPU (where
+    padding is compute)."""
+    prefetch_batches: int = 4
+    """Training batches a background thread collates ahead (held in host memory)."""
 
     def validate(self, prefix: str = "data") -> None:
         names = (*CORPORA, "mix")
@@ -254,14 +299,22 @@ class DataConfig:
 class OptimConfig:
     """Adam with the paper's inverse-square-root warm-up schedule."""
 
-    lr: float = 7e-4  # peak learning rate, reached at the end of warm-up
-    warmup_steps: int = 4000  # linear warm-up, then the inverse square root of the step
-    betas: tuple[float, float] = (0.9, 0.98)  # Adam's beta1, beta2 (the paper's)
-    eps: float = 1e-9  # Adam's epsilon (the paper's)
-    weight_decay: float = 0.0  # decoupled (AdamW) weight decay
-    label_smoothing: float = 0.1  # epsilon_ls of the paper's label smoothing
-    clip_norm: float = 1.0  # 0 disables clipping
-    fused: bool = True  # fused AdamW kernel (CUDA and CPU); false: PyTorch's per-tensor loop
+    lr: float = 7e-4
+    """Peak learning rate, reached at the end of the warm-up."""
+    warmup_steps: int = 4000
+    """Updates of linear warm-up; then the rate falls with the inverse square root of the step."""
+    betas: tuple[float, float] = (0.9, 0.98)
+    """Adam's beta1 and beta2 (the paper's)."""
+    eps: float = 1e-9
+    """Adam's epsilon (the paper's)."""
+    weight_decay: float = 0.0
+    """Decoupled (AdamW) weight decay."""
+    label_smoothing: float = 0.1
+    """The paper's label smoothing, epsilon_ls."""
+    clip_norm: float = 1.0
+    """Clip the gradients' global norm to this; 0: no clipping."""
+    fused: bool = True
+    """The fused AdamW kernel (CUDA and CPU); false: PyTorch's per-tensor loop."""
 
     def validate(self, prefix: str = "optim") -> None:
         require(self.lr > 0, f"{prefix}.lr", self.lr, "must be > 0")
@@ -278,44 +331,60 @@ class OptimConfig:
 class TrainerConfig:
     """The training loop: length, precision, validation, checkpoints, logging."""
 
-    max_steps: int = 100_000  # optimizer updates
-    max_epochs: int | None = None  # stop after this many epochs too; null: no limit
-    # stop after this much training time, validation and checkpoints not counted
-    # (fairseq --stop-time-hours); null: no limit
+    max_steps: int = 100_000
+    """Stop after this many optimizer updates."""
+    max_epochs: int | None = None
+    """Stop after this many epochs too; null: no limit."""
     max_hours: float | None = None
-    accum_steps: int = 1  # gradient accumulation
-    # auto: bf16 on a GPU that has it (else fp16 with loss scaling), bf16 on a CPU with
-    # native bf16 (AVX512-BF16, AMX), else fp32 | fp32 | bf16 | fp16 (CUDA only)
+    """Stop after this much training time, validation and checkpoints not counted
+    (fairseq's --stop-time-hours); null: no limit."""
+    accum_steps: int = 1
+    """Batches whose gradients are accumulated into one update."""
     precision: str = "auto"
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # torch.compile the forward and the loss; null: on for CUDA (few kernels where eager is
-    # launch-bound), off elsewhere (a CPU's first compile of a large model takes minutes)
+    """auto | fp32 | bf16 | fp16 (CUDA only); auto: bf16 on a GPU that has it (else fp16
+    with loss scaling), bf16 on a CPU with native bf16 (AVX512-BF16, AMX), else fp32."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N; auto: a GPU if there is one (under torchrun, the
+    process's own), else the CPU."""
     compile: bool | None = None
-    seed: int = 1  # random seed: initial weights, batch order, dropout
-    # Where checkpoints, logs and config.yaml go. mt-train makes it Hydra's output directory
-    # (configs/train.yaml: hydra.run.dir follows it; a sweep gives each job a subdirectory).
+    """torch.compile the forward and the loss; null: on for CUDA (few kernels where eager
+    is launch-bound), off elsewhere (a CPU's first compile of a large model takes minutes)."""
+    seed: int = 1
+    """Random seed: initial weights, batch order, dropout."""
     run_dir: str = "runs/default"
-    resume: str = "auto"  # auto: continue the run in run_dir, if any | never | <checkpoint dir>
-    # Fine-tuning: a new run starting from this checkpoint's weights, model config and
-    # tokenizer, with a fresh optimizer and schedule (transformer/training/finetune.py)
+    """Where checkpoints, logs and config.yaml go; mt-train makes it Hydra's output
+    directory (a sweep gives each job a subdirectory)."""
+    resume: str = "auto"
+    """auto: continue the run in run_dir, if there is one | never | a checkpoint directory."""
     init_from: str | None = None
-    log_every: int = 50  # updates between training log lines
-    val_every: int = 1000  # updates between validations (dev loss and BLEU, best checkpoint)
-    val_bleu_sentences: int | None = 500  # dev sentences (evenly spaced; null: all) decoded greedily at each validation
-    val_max_tokens: int = 6000  # padded tokens per dev-set batch at validation
-    keep_last: int = 3  # step checkpoints kept (0: all)
-    patience: int | None = None  # validations without a better dev BLEU before stopping
-    save_every: int | None = None  # default: at every validation
-    num_threads: int | None = None  # torch.set_num_threads on CPU
-    progress: bool = True  # progress bar on stderr
-    # Skipped updates (inf/NaN loss or gradients) in a row before the run stops as diverged
-    # (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept.
+    """Fine-tuning: a new run from this checkpoint's weights, model config and tokenizer,
+    with a fresh optimizer and schedule."""
+    log_every: int = 50
+    """Updates between training log lines."""
+    val_every: int = 1000
+    """Updates between validations (dev loss and BLEU; the best checkpoint is kept)."""
+    val_bleu_sentences: int | None = 500
+    """Dev sentences (evenly spaced) decoded greedily at each validation; null: all."""
+    val_max_tokens: int = 6000
+    """Padded tokens per dev-set batch at validation."""
+    keep_last: int = 3
+    """Step checkpoints kept (the newest); 0: all."""
+    patience: int | None = None
+    """Stop after this many validations without a better dev BLEU; null: never."""
+    save_every: int | None = None
+    """Updates between step checkpoints; null: at every validation."""
+    num_threads: int | None = None
+    """CPU threads (torch.set_num_threads); null: torch's default."""
+    progress: bool = True
+    """A progress bar on stderr; false: a log line every log_every updates instead."""
     diverge_after: int = 5
-    # CPU: free heap memory the process may keep before it is given back to the OS
-    # (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never.
+    """Skipped updates (inf/NaN loss or gradients) in a row before the run stops as
+    diverged (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept."""
     # 0.5: the Europarl recipe under 3 GB in bf16 at the same speed as 1.0 (docs/results.md,
     # "Memory: the Europarl recipe's peak")
     heap_slack_gb: float | None = 0.5
+    """CPU: free heap memory the process may keep before it is given back to the OS
+    (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never."""
 
     def validate(self, prefix: str = "trainer") -> None:
         for name in ("max_steps", "accum_steps", "log_every", "val_every", "val_max_tokens",
@@ -342,30 +411,38 @@ class TrainerConfig:
 class DecodeConfig:
     """Search settings for translate, evaluate and validation."""
 
-    method: str = "beam"  # greedy | beam
-    beam_size: int = 5  # hypotheses kept at each step (method=beam only)
-    # GNMT length penalty alpha: score = sum log p / ((5 + |y|) / 6) ** alpha; for greedy
-    # search it only rescales the reported score
+    method: str = "beam"
+    """The search: greedy | beam."""
+    beam_size: int = 5
+    """Hypotheses kept at each step (method=beam only)."""
     lenpen: float = 0.6
-    nbest: int = 1  # hypotheses per sentence (<= beam_size; greedy gives one)
-    max_len_a: float = 1.2  # hypotheses stop at a * |x| + b tokens (|x| = source tokens)
-    max_len_b: int = 10  # b of that limit
-    min_len: int = 1  # EOS is forbidden before this many tokens
-    # source tokens per decoding batch: its sentences times the longest one's tokens (a
-    # beam batch holds beam_size hypotheses a sentence); also what a streamed window of
-    # input holds; null: 2000 on CPU; on CUDA 8000, doubled up to 64000 as the free memory allows
+    """GNMT length penalty alpha: score = sum log p / ((5 + |y|) / 6) ** alpha; for greedy
+    search it only rescales the reported score."""
+    nbest: int = 1
+    """Hypotheses given per sentence (at most beam_size; greedy gives one)."""
+    max_len_a: float = 1.2
+    """Hypotheses stop at a * |x| + b tokens (|x|: the source's tokens): this is a."""
+    max_len_b: int = 10
+    """b of that length limit."""
+    min_len: int = 1
+    """EOS is forbidden before this many tokens."""
     batch_tokens: int | None = None
-    # sentences per decoding batch, beside batch_tokens; null: as many as batch_tokens allows
+    """Source tokens per decoding batch, its sentences times the longest one's tokens (a
+    beam batch holds beam_size hypotheses a sentence), also what a streamed window of input
+    holds; null: 2000 on a CPU; on CUDA 8000, doubled up to 64000 as the free memory allows."""
     max_batch_size: int | None = None
-    # a hypothesis never repeats an n-gram of this size of its own output; 0: off
+    """Sentences per decoding batch, beside batch_tokens; null: as many as batch_tokens allows."""
     no_repeat_ngram_size: int = 0
-    # auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16, else
-    # fp32 | fp32 | bf16 | fp16 (CUDA only)
+    """A hypothesis never repeats an n-gram of this size of its own output; 0: off."""
     precision: str = "auto"
-    # split each line into sentences (transformer/data/sentences.py), translate them, join them again
+    """auto | fp32 | bf16 | fp16 (CUDA only); auto: fp32 on a CPU (as an export computes
+    there, so a checkpoint and its fp32 export translate alike), bf16 on a GPU that has
+    it, else fp16. An export computes in its own type: leave it auto."""
     split_sentences: bool = True
-    # the old name of batch_tokens, still accepted: moved there with a warning
+    """Split each line into sentences, translate them and join them again; false: lines
+    are translated whole."""
     max_tokens: int | None = None
+    """The old name of batch_tokens, still accepted: moved there with a warning."""
 
     def __post_init__(self) -> None:
         """An old `max_tokens` moves to `batch_tokens` (a one-line warning, once a process);
@@ -415,12 +492,16 @@ class DecodeConfig:
 class TrainConfig:
     """A training run: `configs/train.yaml` composes one preset of each group."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)  # the model group
-    data: DataConfig = field(default_factory=DataConfig)  # the data group
-    optim: OptimConfig = field(default_factory=OptimConfig)  # the optim group
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the trainer group
-    # the decode group: validation's search (greedy in configs/train.yaml)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model group."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The data group."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optim group."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The trainer group."""
     decode: DecodeConfig = field(default_factory=lambda: DecodeConfig(method="greedy"))
+    """The decode group: validation's search (greedy in configs/train.yaml)."""
 
     def validate(self) -> None:
         for group in ("model", "data", "optim", "trainer", "decode"):

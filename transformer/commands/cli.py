@@ -34,7 +34,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from transformer.commands import overrides
+from transformer.commands import help, overrides
 from transformer.config import GROUPS, TrainConfig, omegaconf_error_line, to_dataclass
 from transformer.errors import UserError, file_error
 from transformer.paths import PROJECT_ROOT
@@ -173,6 +173,14 @@ def hydra_entry(prog: str, hydra_main: Callable[[], object], schema: type | None
     if schema is not None:  # configs/<command>.yaml starts from it
         register_command(prog.removeprefix("mt-"), schema)
     argv = sys.argv
+    if schema is not None and help.asked(argv[1:]):  # our help, not Hydra's bare YAML
+        given = overrides.rewrite(help.without_flags(argv[1:]), schema)
+        about = help.usage(sys.modules[hydra_main.__module__].__doc__)
+        try:
+            print(help.help_text(prog, prog.removeprefix("mt-"), schema, given, about), end="")
+        except (HydraException, OmegaConfBaseException, UserError) as e:
+            sys.exit(f"{prog}: error: {error_message(e)}")
+        return
     sys.argv = [argv[0], *overrides.rewrite(argv[1:], schema)]
     try:
         if os.environ.get("HYDRA_FULL_ERROR") or os.environ.get(TRACEBACK_ENV):

@@ -53,21 +53,34 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvaluateConfig:
-    checkpoint: str | None = None  # required: a checkpoint directory, or an mt-export directory
-    test_set: str = "tatoeba-test"  # tatoeba-test | flores200-devtest | europarl-test | dev | test | src_path,ref_path
-    # relative to the current directory: {name}.{method}.hyp, {name}.ref, {name}.{method}.json
-    # (existing ones are refused)
-    output_dir: str = "outputs/eval"
-    force: bool = False  # replace those files if an earlier mt-evaluate wrote them (never a file it did not write)
-    max_sentences: int | None = None  # score only the first N sentences (quick checks)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # CPU threads; null: torch's default for a checkpoint, 2 for an export (2
-    # single-threaded CTranslate2 workers)
+    """The settings of mt-evaluate (configs/evaluate.yaml)."""
+
+    checkpoint: str | None = None
+    """Required: a checkpoint directory, a run directory (its best checkpoint, else its
+    newest), or an mt-export directory."""
+    test_set: str = "tatoeba-test"
+    """tatoeba-test | flores200-devtest | europarl-test | dev | test (of the data group's
+    corpus) | src_path,ref_path."""
+    output_dir: str | None = None
+    """Where {test_set}.{method}.hyp, {test_set}.ref and {test_set}.{method}.json go;
+    null: outputs/eval/<model>, named after the checkpoint (<run>-<checkpoint>, e.g.
+    sample-best) or the export."""
+    force: bool = False
+    """Replace those files if an earlier mt-evaluate wrote them (never a file it did not write)."""
+    max_sentences: int | None = None
+    """Score only the first N sentences (quick checks); null: all."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
     threads: int | None = None
-    progress: bool = True  # progress bar on stderr
-    # where test sets live ({data.root}/eval) and which corpus `dev`/`test` mean
+    """CPU threads; null: torch's default for a checkpoint, 2 for an export (2
+    single-threaded CTranslate2 workers)."""
+    progress: bool = True
+    """A progress bar on stderr."""
     data: DataConfig = field(default_factory=DataConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the search: the decode group
+    """The data group: where test sets live ({data.root}/eval) and which corpus `dev` and
+    `test` mean."""
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    """The search: the decode group."""
 
     def validate(self) -> None:
         require(bool(self.checkpoint), "checkpoint", self.checkpoint,

@@ -55,19 +55,36 @@ MAX_WIDTH = 120  # wider side-by-side matrices are printed one under another
 
 @dataclass
 class MasksConfig:
-    sentences: list[str] = field(default_factory=list)  # required: Italian sentences
-    translations: list[str] | None = None  # their English translations; null: the checkpoint's model translates (greedy)
-    checkpoint: str | None = None  # a checkpoint directory; null: batch and masks only, no attention weights
-    tokenizer: str = "auto"  # auto: the checkpoint's, else whitespace | whitespace | data (data group's SentencePiece)
-    output: str | None = "outputs/masks.png"  # the PNG (attention grid, or the masks without a checkpoint); null: none
-    force: bool = False  # replace output if an earlier mt-masks wrote it (an existing file is refused otherwise)
-    sentence: int = 0  # the pair the picture and parts 4-5 show (from 0)
-    attention: str = "decoder_self"  # part 4's attention: encoder_self | decoder_self | cross
-    query: int = 1  # part 4's query row, a position of the padded batch (from 0)
-    layer: int = -1  # the layer of the picture and parts 4-5 (-1: the last)
-    head: int = 0  # the head of parts 4-5
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    data: DataConfig = field(default_factory=DataConfig)  # tokenizer=data: its vocabulary
+    """The settings of mt-masks (configs/masks.yaml)."""
+
+    sentences: list[str] = field(default_factory=list)
+    """Required: Italian sentences, e.g. '[Mi chiamo Luke, Ciao]'."""
+    translations: list[str] | None = None
+    """Their English translations; null: the checkpoint's model translates them (greedy)."""
+    checkpoint: str | None = None
+    """A checkpoint directory, or a run directory (its best checkpoint, else its newest);
+    null: the batch and masks only, no attention weights."""
+    tokenizer: str = "auto"
+    """auto (the checkpoint's, else whitespace) | whitespace | data (the data group's
+    SentencePiece vocabulary)."""
+    output: str | None = "outputs/masks.png"
+    """The PNG: the attention grid, or the masks without a checkpoint; null: none."""
+    force: bool = False
+    """Replace output if an earlier mt-masks wrote it (an existing file is refused otherwise)."""
+    sentence: int = 0
+    """The pair the picture and parts 4-5 show (from 0)."""
+    attention: str = "decoder_self"
+    """Part 4's attention: encoder_self | decoder_self | cross."""
+    query: int = 1
+    """Part 4's query row, a position of the padded batch (from 0)."""
+    layer: int = -1
+    """The layer of the picture and parts 4-5 (-1: the last)."""
+    head: int = 0
+    """The head of parts 4-5."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The data group: the vocabulary of tokenizer=data."""
 
     def validate(self) -> None:
         require(bool(self.sentences), "sentences", self.sentences,

@@ -1,7 +1,7 @@
-"""mt-prepare: load, clean, tokenize and encode a corpus ahead of training; print statistics.
+"""`mt-prepare`: load, clean, tokenize and encode a corpus ahead of training; print statistics.
 
-mt-prepare data=tatoeba
-mt-prepare data=sample data.spm_vocab_size=300
+    mt-prepare data=tatoeba
+    mt-prepare data=sample data.spm_vocab_size=300
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from transformer.data.pipeline import prepare_data
 
 @dataclass
 class PrepareConfig:
-    data: DataConfig = field(default_factory=DataConfig)  # the corpus: the data group
+    """The settings of mt-prepare (configs/prepare.yaml)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """The corpus: the data group."""
 
     def validate(self) -> None:
         self.data.validate("data")

@@ -1,4 +1,5 @@
-"""`mt-train`: Hydra entry point of training (also `python -m transformer.commands.train`).
+"""`mt-train`: train a translation model; one run, or a sweep of several (also
+`python -m transformer.commands.train`).
 
     mt-train experiment=tatoeba_cpu
     mt-train model=base trainer.precision=bf16 optim.lr=7e-4

@@ -54,29 +54,40 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class InputConfig:
-    # a UTF-8 file, one text per line (a sentence or a paragraph: decode.split_sentences);
-    # neither file nor text: read stdin
+    """What mt-translate reads: a file, a text, or stdin."""
+
     file: str | None = None
-    text: str | None = None  # translate this string (one line per line of it)
-    # a UTF-8 file of target prefixes, one per input line (an empty line: none): each
-    # translation starts with its line's prefix (needs input.file or input.text)
+    """A UTF-8 file, one text per line (a sentence or a paragraph: decode.split_sentences);
+    neither file nor text: stdin is read."""
+    text: str | None = None
+    """Translate this string (one output line per line of it)."""
     target_prefix_file: str | None = None
+    """A UTF-8 file of target prefixes, one per input line (an empty line: none): each
+    translation starts with its line's prefix (needs input.file or input.text)."""
 
 
 @dataclass
 class TranslateConfig:
-    # required: a checkpoint directory (model.safetensors, model.json, tokenizer.model), or
-    # an mt-export directory
+    """The settings of mt-translate (configs/translate.yaml)."""
+
     checkpoint: str | None = None
-    input: InputConfig = field(default_factory=InputConfig)  # what to translate
-    output: str | None = None  # a file; null: stdout. An existing one is refused (outputs are never overwritten)
-    force: bool = False  # replace output if an earlier mt-translate wrote it (never a file it did not write)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # CPU threads; null: torch's default for a checkpoint, 2 for an export (2
-    # single-threaded CTranslate2 workers)
+    """Required: a checkpoint directory, a run directory (its best checkpoint, else its
+    newest), or an mt-export directory."""
+    input: InputConfig = field(default_factory=InputConfig)
+    """What to translate."""
+    output: str | None = None
+    """A file to write; null: stdout. An existing file is refused (see force)."""
+    force: bool = False
+    """Replace output if an earlier mt-translate wrote it (never a file it did not write)."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
     threads: int | None = None
-    progress: bool = True  # progress bar on stderr when translating a file
-    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the search: the decode group
+    """CPU threads; null: torch's default for a checkpoint, 2 for an export (2
+    single-threaded CTranslate2 workers)."""
+    progress: bool = True
+    """A progress bar on stderr when translating a file."""
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    """The search: the decode group."""
 
     def validate(self) -> None:
         require(bool(self.checkpoint), "checkpoint", self.checkpoint,

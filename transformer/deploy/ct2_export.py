@@ -74,15 +74,22 @@ FORMATS = ("ct2", "argos")  # a CTranslate2 directory | an Argos Translate packa
 
 @dataclass
 class ExportConfig:
-    checkpoint: str | None = None  # required: a checkpoint directory (model.safetensors, model.json, tokenizer.model)
-    output: str | None = None  # required: the export directory to write (refused if it exists, unless force=true)
-    # none (fp32) | int8 | int8_float32 | int8_float16 | int8_bfloat16 | int16 | float16 |
-    # bfloat16 | float32 (QUANTIZATIONS)
+    """The settings of mt-export (configs/export.yaml)."""
+
+    checkpoint: str | None = None
+    """Required: a checkpoint directory, or a run directory (its best checkpoint, else its
+    newest)."""
+    output: str | None = None
+    """Required: the export to write, a directory (or an .argosmodel file with
+    format=argos); refused if it exists, unless force=true."""
     quantization: str = "none"
-    force: bool = False  # replace an existing output, if it is an earlier export (or empty)
-    # ct2 (a CTranslate2 directory) | argos (an .argosmodel Argos Translate package, for
-    # LibreTranslate; needs .[argos])
+    """The weights' type: none (fp32) | int8 | int8_float32 | int8_float16 | int8_bfloat16 |
+    int16 | float16 | bfloat16 | float32."""
+    force: bool = False
+    """Replace an existing output, if it is an earlier export (or empty)."""
     format: str = "ct2"
+    """ct2 (a CTranslate2 directory) | argos (an .argosmodel Argos Translate package, for
+    LibreTranslate; needs .[argos])."""
 
     def validate(self) -> None:
         require(bool(self.checkpoint), "checkpoint", self.checkpoint,
