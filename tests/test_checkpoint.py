@@ -115,3 +115,63 @@ def test_a_failed_write_leaves_the_previous_checkpoint_and_also(tmp_path, monkey
         loaded, _ = load_model(tmp_path / name)
         for k, v in model.state_dict().items():
             assert torch.equal(v, loaded.state_dict()[k]), (name, k)
+
+
+# -- checkpoint=RUN_DIR -------------------------------------------------------------------
+
+def _run_dir(root: Path, *names: str) -> Path:
+    """A run directory whose checkpoints folder holds `names`, each with a meta.json."""
+    for name in names:
+        folder = root / "checkpoints" / name
+        folder.mkdir(parents=True)
+        step = int(name.split("_")[1]) if name.startswith("step_") else 20
+        (folder / ckpt.META).write_text(json.dumps({"step": step}))
+        (folder / ckpt.MODEL_CFG).write_text("{}")
+    return root
+
+
+def test_a_run_directory_names_its_best_checkpoint_else_its_newest_and_says_which(tmp_path, caplog):
+    run_dir = _run_dir(tmp_path / "run", "step_10", "step_20", "best")
+    with caplog.at_level("INFO"):
+        assert ckpt.find_checkpoint(run_dir) == run_dir / "checkpoints" / "best"
+        assert ckpt.find_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "best"
+    assert f"its best checkpoint, {run_dir / 'checkpoints' / 'best'} (step 20)" in caplog.text
+    caplog.clear()
+    early = _run_dir(tmp_path / "early", "step_5", "step_10", "step_9")  # no validation yet
+    with caplog.at_level("INFO"):
+        assert ckpt.find_checkpoint(str(early), key="checkpoint") == early / "checkpoints" / "step_10"
+    assert "no best yet (no validation has run), so its newest" in caplog.text
+    assert "(step 10)" in caplog.text
+
+
+def test_a_checkpoint_or_an_export_is_taken_as_it_is(tmp_path):
+    run_dir = _run_dir(tmp_path / "run", "step_10")
+    step = run_dir / "checkpoints" / "step_10"
+    assert ckpt.find_checkpoint(step) == step
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "export.json").write_text("{}")
+    assert ckpt.find_checkpoint(export) == export  # the loader checks what it is
+
+
+def test_a_missing_checkpoints_error_lists_those_that_exist(tmp_path):
+    run_dir = _run_dir(tmp_path / "run", "step_10", "step_20")
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.find_checkpoint(run_dir / "checkpoints" / "best")
+    message = str(e.value)
+    assert message.startswith(f"checkpoint={run_dir / 'checkpoints' / 'best'}: no such directory; ")
+    assert "holds step_10, step_20 (best is written at the run's first validation" in message
+    assert "\n" not in message
+    with pytest.raises(ckpt.CheckpointError, match=r"holds step_10, step_20"):
+        ckpt.find_checkpoint(run_dir / "best", key="trainer.init_from")  # checkpoints/ left out
+    with pytest.raises(ckpt.CheckpointError, match=r"^checkpoint=.*nowhere: no such directory$"):
+        ckpt.find_checkpoint(tmp_path / "nowhere")
+    (run_dir / "checkpoints" / "step_30.tmp-1").mkdir()  # an unfinished write is no checkpoint
+    with pytest.raises(ckpt.CheckpointError, match="holds step_10, step_20 "):
+        ckpt.find_checkpoint(run_dir / "checkpoints" / "best")
+
+
+def test_a_run_directory_without_a_checkpoint_is_refused(tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ckpt.CheckpointError, match="a run directory without a complete checkpoint yet"):
+        ckpt.find_checkpoint(tmp_path / "run")

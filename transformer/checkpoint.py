@@ -45,6 +45,7 @@ WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
     "model.safetensors", "model.json", TOKENIZER_FILE, "config.yaml", "meta.json",
     "trainer_state.pt",
 )
+CHECKPOINTS = "checkpoints"  # a run directory's folder of checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +223,51 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"corrupt trainer state {f}: {e}") from e
 
 
+def find_checkpoint(value: str | os.PathLike, key: str = "checkpoint") -> Path:
+    """The checkpoint a command's `key` names, said in a log line where it was chosen.
+
+    A run directory (one holding `checkpoints/`), or that `checkpoints/` folder: its `best`,
+    else its newest `step_N` (`best` appears at the run's first validation). Any other
+    directory (a checkpoint, an export) is returned as it is, for its loader to check.
+
+    Raises:
+        CheckpointError: the path does not exist (the message lists the checkpoints of the
+            run it would be in), or a run directory holds no checkpoint yet.
+    """
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise CheckpointError(_missing(value, key, path))
+    run = path.parent if path.name == CHECKPOINTS else path
+    if not path.is_dir() or (path / MODEL_CFG).is_file() or not (run / CHECKPOINTS).is_dir():
+        return path
+    best, steps = run / CHECKPOINTS / "best", step_checkpoints(run)
+    if (best / META).is_file():
+        chosen, which = best, "its best checkpoint"
+    elif steps:
+        chosen, which = steps[-1], "no best yet (no validation has run), so its newest"
+    else:
+        raise CheckpointError(f"{key}={value}: a run directory without a complete checkpoint yet")
+    step = load_meta(chosen).get("step", "?")
+    log.info("%s=%s is a run directory: %s, %s (step %s)", key, value, which, chosen, step)
+    return chosen
+
+
+def _missing(value: str | os.PathLike, key: str, path: Path) -> str:
+    """A missing checkpoint's message: the checkpoints its run directory holds, if it is in
+    one (`runs/x/checkpoints/best` before the first validation)."""
+    for folder in (path.parent, path.parent / CHECKPOINTS):
+        if folder.name == CHECKPOINTS and folder.is_dir():
+            names = [p.name for p in checkpoints(folder.parent)]
+            held = f"holds {', '.join(names)}" if names else "holds no complete checkpoint"
+            later = "" if "best" in names else \
+                " (best is written at the run's first validation; checkpoint=RUN_DIR takes the newest)"
+            return f"{key}={value}: no such directory; {folder} {held}{later}"
+    return f"{key}={value}: no such directory"
+
+
 def step_checkpoints(run_dir: str | Path) -> list[Path]:
     """The complete `step_N` checkpoints of a run directory, oldest first."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir = Path(run_dir) / CHECKPOINTS
     if not ckpt_dir.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir()
@@ -234,7 +277,7 @@ def step_checkpoints(run_dir: str | Path) -> list[Path]:
 
 def checkpoints(run_dir: str | Path) -> list[Path]:
     """Every complete checkpoint of a run directory (step_N, best, averages), by name."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir = Path(run_dir) / CHECKPOINTS
     if not ckpt_dir.is_dir():
         return []
     return sorted(p for p in ckpt_dir.iterdir() if p.is_dir() and not LEFTOVER.match(p.name)

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from transformer.commands import evaluate
+from transformer.config import DecodeConfig
 from transformer.data.corpus import read_lines
 from transformer.metrics.name_copy import SIGNATURE
+from transformer.outputs import OutputError
 from transformer.paths import PROJECT_ROOT
 
 from helpers import tiny_checkpoint
@@ -96,3 +98,30 @@ def test_mt_evaluate_writes_files_and_report_that_sacrebleu_agrees_with(
     # The first 12 sample pairs hold no name: no rate, and no division by zero.
     assert report["scores"]["names"] is None and report["name_copy"]["names"] == 0
     assert f"names = n/a (the references copy no name)  ({SIGNATURE})" in printed
+
+
+def test_each_model_gets_its_own_report_folder_and_a_run_directory_its_best(tmp_path, monkeypatch, caplog):
+    """The default output_dir is per model: a second model on the same test set writes
+    beside the first; the same model again is refused (its files exist)."""
+    run_dir = tmp_path / "myrun"
+    tiny_checkpoint(run_dir / "checkpoints" / "best")
+    tiny_checkpoint(run_dir / "checkpoints" / "step_10", seed=1)
+    monkeypatch.chdir(tmp_path)
+    pair = f"{SAMPLE / 'dev.it'},{SAMPLE / 'dev.en'}"
+
+    def run(checkpoint: str) -> dict:
+        return evaluate.evaluate(evaluate.EvaluateConfig(
+            checkpoint=checkpoint, test_set=pair, max_sentences=4, progress=False,
+            decode=DecodeConfig(method="greedy", max_len_a=0, max_len_b=6)))
+
+    with caplog.at_level("INFO"):
+        best = run("myrun")
+    assert "checkpoint=myrun is a run directory: its best checkpoint" in caplog.text
+    assert best["checkpoint"] == str(run_dir / "checkpoints" / "best")
+    step = run("myrun/checkpoints/step_10")
+    assert Path(best["files"]["report"]) == Path("outputs/eval/myrun-best/dev.it.greedy.json")
+    assert Path(step["files"]["report"]) == Path("outputs/eval/myrun-step_10/dev.it.greedy.json")
+    assert all(Path(f).is_file() for report in (best, step) for f in report["files"].values())
+    with pytest.raises(OutputError, match=r"output_dir=outputs/eval/myrun-best: .* exists"):
+        run("myrun/checkpoints/best")
+    assert evaluate.model_name(str(tmp_path / "exports" / "mine")) == "mine"  # an export: its name

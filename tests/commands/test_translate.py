@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -168,3 +169,21 @@ def test_an_input_file_that_is_not_a_regular_file_is_read_as_a_stream(checkpoint
     assert piped.returncode == 0 and piped.stdout.decode() == expected, piped.stderr.decode()
     empty = subprocess.run([*cmd, "input.file=/dev/null"], capture_output=True, env=env, timeout=120)
     assert empty.returncode == 0 and empty.stdout == b"", empty.stderr.decode()
+
+
+def test_a_run_directory_translates_with_its_best_checkpoint(checkpoint, loaded, tmp_path, monkeypatch,
+                                                             capsys):
+    """checkpoint=RUN_DIR: the run's best; a missing best's error lists the step checkpoints."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpoint, run_dir / "checkpoints" / "best")
+    args = ("input.text=Che ore sono?", "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=6")
+    run_main(monkeypatch, f"checkpoint={run_dir}", *args)
+    model, tokenizer = loaded
+    expected = decoding.translate_lines(model, tokenizer, ["Che ore sono?"], DecodeConfig(**FAST))
+    assert capsys.readouterr().out == f"{expected[0]}\n"
+    (run_dir / "checkpoints" / "best").rename(run_dir / "checkpoints" / "step_10")
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(monkeypatch, f"checkpoint={run_dir}/checkpoints/best", *args)
+    assert exit_info.value.code == (f"mt-translate: error: checkpoint={run_dir}/checkpoints/best: no such "
+                                    f"directory; {run_dir}/checkpoints holds step_10 (best is written at "
+                                    "the run's first validation; checkpoint=RUN_DIR takes the newest)")

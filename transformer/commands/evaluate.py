@@ -13,13 +13,17 @@ it scored against (`.ref`) and a JSON report (`.json`: scores, sacrebleu signatu
 checkpoint, decode settings, engine, time, sentences/s). The scores are sacrebleu's defaults, so
 `sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU. The name-copy
 rate is in percent beside them (`names`; null when the references copy no name), with its
-counts under `name_copy`. The three files are checked before the test set is read
+counts under `name_copy`. `output_dir` defaults to a folder per model,
+`outputs/eval/<run>-<checkpoint>` (`outputs/eval/sample-best`) or `outputs/eval/<export>`,
+so a second model's scores on the same test set go beside the first's. The three files
+are checked before the test set is read
 (`transformer/outputs.py`): one that exists is replaced only with force=true, and only if
 an earlier evaluation wrote it; an output_dir that is a file is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -32,6 +36,7 @@ from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer import atomic_files, outputs
+from transformer.checkpoint import CHECKPOINTS, find_checkpoint
 from transformer.commands import cli
 from transformer.config import (
     DataConfig,
@@ -49,6 +54,8 @@ from transformer.decoding.text import translate_lines
 from transformer.metrics.name_copy import SIGNATURE, name_copy
 
 log = logging.getLogger(__name__)
+
+EVAL_DIR = "outputs/eval"  # the models' report folders, relative to the working directory
 
 
 @dataclass
@@ -118,12 +125,21 @@ def file_stem(test_set: str) -> str:
     return Path(test_set.split(",")[0]).name if "," in test_set else test_set
 
 
+def model_name(checkpoint: str) -> str:
+    """A model's folder name under outputs/eval: `<run>-<checkpoint>` for a checkpoint in a
+    run's checkpoints folder (`sample-best`), else the directory's own name (an export)."""
+    path = Path(checkpoint).expanduser().resolve()
+    return f"{path.parent.parent.name}-{path.name}" if path.parent.name == CHECKPOINTS else path.name
+
+
 def output_files(cfg: EvaluateConfig) -> dict[str, outputs.Output]:
-    """The hypotheses, references and report files under output_dir, checked before any
-    work (`outputs.check`), and never one of the inputs (the checkpoint, a src,ref pair)."""
-    out, stem, method = Path(cfg.output_dir), file_stem(cfg.test_set), cfg.decode.method
+    """The hypotheses, references and report files under output_dir (null: the model's
+    folder under outputs/eval), checked before any work (`outputs.check`), and never one
+    of the inputs (the checkpoint, a src,ref pair)."""
+    folder = cfg.output_dir if cfg.output_dir is not None else f"{EVAL_DIR}/{model_name(cfg.checkpoint)}"
+    out, stem, method = Path(folder), file_stem(cfg.test_set), cfg.decode.method
     names = {"hyp": f"{stem}.{method}.hyp", "ref": f"{stem}.ref", "report": f"{stem}.{method}.json"}
-    files = {kind: outputs.Output(out / name, "output_dir", cfg.output_dir, "mt-evaluate", force=cfg.force)
+    files = {kind: outputs.Output(out / name, "output_dir", folder, "mt-evaluate", force=cfg.force)
              for kind, name in names.items()}
     outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
     for path in _inputs(cfg)[1:]:
@@ -140,6 +156,7 @@ def _inputs(cfg: EvaluateConfig) -> list[str | None]:
 
 def evaluate(cfg: EvaluateConfig) -> dict:
     """Translate and score `cfg.test_set`; write hypotheses, references and the report."""
+    cfg = dataclasses.replace(cfg, checkpoint=str(find_checkpoint(cfg.checkpoint)))  # a run: its best
     files = output_files(cfg)
     src, refs = load_test_set(cfg.test_set, cfg.data)  # before the model: a bad set costs nothing
     if cfg.max_sentences is not None:

@@ -9,11 +9,13 @@ CTranslate2 directory, `transformer/deploy/argos.py` the Argos package built on 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from transformer.checkpoint import find_checkpoint
 from transformer.commands import cli
 from transformer.deploy.argos import export_argos
 from transformer.deploy.ct2_export import ExportConfig, export_ct2
@@ -23,11 +25,13 @@ def export(cfg: ExportConfig) -> Path:
     """Write the export `cfg.format` names (`ct2` or `argos`) of `cfg.checkpoint` to `cfg.output`.
 
     Args:
-        cfg: the `mt-export` settings (configs/export.yaml).
+        cfg: the `mt-export` settings (configs/export.yaml); `checkpoint` may name a run
+            directory (`checkpoint.find_checkpoint`).
 
     Returns:
         The path written: the CTranslate2 directory or the `.argosmodel` file.
     """
+    cfg = dataclasses.replace(cfg, checkpoint=str(find_checkpoint(cfg.checkpoint)))  # a run: its best
     return export_argos(cfg) if cfg.format == "argos" else export_ct2(cfg)
 
 

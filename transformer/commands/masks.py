@@ -17,6 +17,7 @@ cells hatched, or, without a checkpoint, the masks themselves. The library behin
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from itertools import zip_longest
 
@@ -25,6 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from transformer import atomic_files, outputs
+from transformer.checkpoint import find_checkpoint
 from transformer.commands import cli
 from transformer.config import ConfigError, DataConfig, DecodeConfig, check_device, require
 from transformer.data.pipeline import prepare_data
@@ -321,6 +323,8 @@ def describe(cfg: MasksConfig, tokenizer) -> str:
 
 
 def inspect_masks(cfg: MasksConfig) -> None:
+    if cfg.checkpoint:  # a run directory: its best checkpoint, else its newest
+        cfg = dataclasses.replace(cfg, checkpoint=str(find_checkpoint(cfg.checkpoint)))
     outputs.check_input(cfg.checkpoint, "checkpoint", is_dir=True)
     picture = None
     if cfg.output:  # checked before any work (transformer/outputs.py)

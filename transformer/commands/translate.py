@@ -23,6 +23,7 @@ a regular file (a FIFO, `/dev/stdin`, `<(...)`, `/dev/null`) is read once, as a 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -35,6 +36,7 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer import atomic_files, outputs
+from transformer.checkpoint import find_checkpoint
 from transformer.commands import cli
 from transformer.config import (
     ConfigError,
@@ -170,6 +172,7 @@ def write_lines(lines: Iterable[list[str]], out: outputs.Output | None) -> None:
 
 
 def translate(cfg: TranslateConfig) -> None:
+    cfg = dataclasses.replace(cfg, checkpoint=str(find_checkpoint(cfg.checkpoint)))  # a run: its best
     out = output_of(cfg)
     lines, ready = read_input(cfg.input)  # before loading the model: a bad input costs nothing
     prefixes = read_prefixes(cfg.input)
