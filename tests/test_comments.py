@@ -30,6 +30,10 @@ def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
             if doc:
                 first = node.body[0].lineno
                 found += [(first + i, line) for i, line in enumerate(doc.splitlines())]
+        if isinstance(node, ast.ClassDef):  # a field's docstring: the string under it (its help)
+            found += [(expr.lineno + i, line) for expr in node.body[1:] if isinstance(expr, ast.Expr)
+                      and isinstance(expr.value, ast.Constant) and isinstance(expr.value.value, str)
+                      for i, line in enumerate(expr.value.value.splitlines())]
     return found
 
 

@@ -22,7 +22,9 @@ def test_decode_defaults_depend_on_the_device(monkeypatch):
     assert settings(DecodeConfig(), cpu) == DecodeConfig(batch_tokens=2000, precision="fp32")
     assert settings(DecodeConfig(), cuda) == DecodeConfig(batch_tokens=8000, precision="bf16")
     monkeypatch.setattr(device_module, "cpu_bf16_support", lambda: (True, "AVX512-BF16"))
-    assert settings(DecodeConfig(), cpu) == DecodeConfig(batch_tokens=2000, precision="bf16")
+    # fp32 on a CPU even with native bf16 (training's auto is bf16 there): as an export computes
+    assert settings(DecodeConfig(), cpu) == DecodeConfig(batch_tokens=2000, precision="fp32")
+    assert settings(DecodeConfig(precision="bf16"), cpu).precision == "bf16"
     monkeypatch.setattr(device_module, "cuda_bf16_support", lambda device: (False, "an old GPU"))
     assert settings(DecodeConfig(), cuda).precision == "fp16"
     given = DecodeConfig(batch_tokens=123, precision="fp32")

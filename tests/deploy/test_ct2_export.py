@@ -449,3 +449,30 @@ def test_a_truncated_model_bin_is_one_line_naming_the_export(pair, tmp_path, mon
     msg = str(info.value.code)
     assert msg.startswith(f"mt-translate: error: export {tmp_path} is corrupt or incomplete (")
     assert msg.endswith("export the checkpoint again with mt-export") and "\n" not in msg
+
+
+def test_the_quick_starts_checkpoint_and_its_fp32_export_translate_alike_by_default(
+        tmp_path, monkeypatch, capsys):
+    """decode.precision=auto decodes a checkpoint in fp32 on a CPU, even one with native
+    bf16 (mocked here; the suite pins fp32 otherwise), as its fp32 export computes: the
+    quick start's model gives the same lines both ways with mt-translate's defaults (beam 5)."""
+    from transformer import device
+    from transformer.commands import export as export_module
+    from transformer.decoding.settings import decode_settings
+
+    from helpers import run
+
+    run(tmp_path / "run")  # the quick start's debug run on the sample corpus
+    monkeypatch.setattr(device, "cpu_bf16_support", lambda: (True, "AVX512-BF16 (mocked)"))
+    assert device.resolve_precision("auto", torch.device("cpu"))[0] == "bf16"  # training's auto
+    assert decode_settings(DecodeConfig(), torch.device("cpu")).precision == "fp32"
+    monkeypatch.chdir(tmp_path)
+    run_cli(monkeypatch, export_module.main, "mt-export", "checkpoint=run", "output=exports/run")
+    capsys.readouterr()
+    outputs = {}
+    for model in ("run/checkpoints/best", "exports/run"):
+        run_cli(monkeypatch, translate.main, "mt-translate", f"checkpoint={model}",
+                f"input.file={SAMPLE / 'dev.it'}", "progress=false", "threads=1")
+        outputs[model] = capsys.readouterr().out.splitlines()
+    assert len(outputs["exports/run"]) == len(read_lines(SAMPLE / "dev.it"))
+    assert outputs["run/checkpoints/best"] == outputs["exports/run"]

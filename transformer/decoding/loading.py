@@ -18,8 +18,8 @@ from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.ct2_model import CT2Model, is_export, load_export
-from transformer.decoding.settings import DTYPES
-from transformer.device import keep_large_blocks_in_the_heap, resolve_device, resolve_precision
+from transformer.decoding.settings import DTYPES, decode_precision
+from transformer.device import keep_large_blocks_in_the_heap, resolve_device
 
 if TYPE_CHECKING:  # load_for_inference's return type (the graph counts no import here)
     from transformer.model.transformer import Transformer
@@ -45,7 +45,7 @@ def load_for_inference(
         threads: CPU threads; for a checkpoint `torch.set_num_threads`, which holds for
             the whole process.
         dtype: the weights' dtype, that of the precision the model will decode in:
-            `auto` (`device.resolve_precision`'s choice), `fp32`, `bf16` or `fp16`
+            `auto` (`settings.decode_precision`'s choice), `fp32`, `bf16` or `fp16`
             (CUDA); None: as saved (fp32). A model decoded in another precision gets
             copies of its weights for each call (`weights.held_in`). Not for an export.
 
@@ -68,7 +68,7 @@ def load_for_inference(
                               "with; leave dtype=auto")
         return load_export(checkpoint, device_pref, threads)
     device = resolve_device(device_pref, key="device")
-    held = None if dtype is None else DTYPES[resolve_precision(dtype, device, key="dtype")[0]]
+    held = None if dtype is None else DTYPES[decode_precision(dtype, device, key="dtype")]
     if device.type == "cpu":
         keep_large_blocks_in_the_heap()
         if threads is not None:

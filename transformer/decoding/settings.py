@@ -36,8 +36,7 @@ _RESOLVED = "_resolved_for"
 def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> DecodeConfig:
     """`cfg` with its device-dependent defaults filled in.
 
-    precision auto: bf16 on a GPU that has it (else fp16), bf16 on a CPU with native bf16,
-    else fp32 (`device.resolve_precision`); batch_tokens null: on CUDA with our model, what
+    precision auto: `decode_precision`; batch_tokens null: on CUDA with our model, what
     half the free memory holds, 8,000, 16,000, 32,000 or 64,000 source tokens
     (`batch_memory.decode_batch_tokens`), else 8,000; 2,000 on a CPU. An exported `model`
     computes in the type it was exported with: its precision stays auto, and any other is
@@ -55,7 +54,7 @@ def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> Deco
                               "leave decode.precision=auto")
         precision = "auto"
     else:
-        precision, _ = resolve_precision(cfg.precision, device, key="decode.precision")
+        precision = decode_precision(cfg.precision, device)
     batch_tokens = cfg.batch_tokens
     if batch_tokens is None:
         batch_tokens = CUDA_BATCH_TOKENS if device.type == "cuda" else CPU_BATCH_TOKENS
@@ -66,6 +65,21 @@ def decode_settings(cfg: DecodeConfig, device: torch.device, model=None) -> Deco
     out = dataclasses.replace(cfg, precision=precision, batch_tokens=batch_tokens)
     setattr(out, _RESOLVED, (_target(device, model), dataclasses.astuple(out)))
     return out
+
+
+def decode_precision(precision: str, device: torch.device, key: str = "decode.precision") -> str:
+    """The precision a checkpoint decodes in. auto: fp32 on a CPU, bf16 on a GPU that has
+    it, else fp16; an explicit one is checked (`device.resolve_precision`).
+
+    On a CPU, auto is fp32 even where bf16 is native (where training's auto is bf16): a
+    CTranslate2 export computes in fp32 there (its CPU backend has no bf16), so a checkpoint
+    and its fp32 export translate alike by default (in bf16 the search breaks some near-ties
+    the other way, and a small model's decoding step gains little from it:
+    docs/deploying.md, "A checkpoint and its export"). `decode.precision=bf16` asks for bf16.
+    """
+    if precision == "auto" and device.type == "cpu":
+        return "fp32"
+    return resolve_precision(precision, device, key=key)[0]
 
 
 def resolved(cfg: DecodeConfig, device: torch.device, model=None) -> bool:
