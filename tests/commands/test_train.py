@@ -8,7 +8,9 @@ tests/training/test_state.py, corrupt checkpoints in tests/test_checkpoint.py.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -20,8 +22,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from transformer import checkpoint as ckpt
-from transformer.config import TrainConfig, to_dataclass
+from transformer.commands.train import what_comes_next
+from transformer.config import DataConfig, TrainConfig, TrainerConfig, to_dataclass
 from transformer.paths import PROJECT_ROOT
+from transformer.training.state import TrainState
 
 from helpers import DEBUG, compose_cfg, run, scalars
 
@@ -67,6 +71,50 @@ def test_console_command_runs(tmp_path):
     # trainer.progress=false (a run under nohup): no bar at all, the data preparation's neither
     assert "training a unigram tokenizer" in proc.stderr
     assert "it/s" not in proc.stderr and "examples/s" not in proc.stderr and "%|" not in proc.stderr
+    # where the run went, at its start and its end, and what to run next: the last lines
+    assert re.search(r"INFO \S+: run directory: run\n", proc.stderr)
+    end = proc.stderr[proc.stderr.rindex("finished at step 3"):].splitlines()
+    assert end[0].endswith("the run is in run; next, translate, evaluate and average:")
+    assert end[1:] == ['    echo "Ciao, come stai?" | mt-translate checkpoint=run',
+                       "    mt-evaluate checkpoint=run data=sample test_set=dev",
+                       f"best dev BLEU {_best_bleu(tmp_path / 'run'):.2f}, at step 3: run/checkpoints/best"]
+
+
+def _best_bleu(run_dir) -> float:
+    return json.loads((run_dir / "checkpoints" / "best" / "meta.json").read_text())["best_bleu"]
+
+
+def test_the_last_line_names_a_best_dev_bleu_only_after_a_validation(tmp_path, monkeypatch):
+    """Stopped before its first validation, a run has no best: no score is printed (no -1
+    sentinel); the commands it prints name the run directory, which takes the newest."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine" / "checkpoints" / "step_5").mkdir(parents=True)
+    files = dict(name="files", train_src=str(tmp_path / "c" / "train.it"), train_tgt=str(tmp_path / "c" / "train.en"),
+                 dev_src=str(tmp_path / "c" / "dev.it"), dev_tgt=str(tmp_path / "c" / "dev.en"))
+    cfg = TrainConfig(data=DataConfig(**files), trainer=TrainerConfig(run_dir="mine"))
+    text = what_comes_next(cfg, TrainState(step=5))
+    assert text.splitlines()[2] == "    mt-evaluate checkpoint=mine test_set=c/dev.it,c/dev.en"
+    assert "mt-average" not in text  # one step checkpoint: nothing to average
+    assert text.splitlines()[-1] == "not validated, so no best checkpoint: checkpoint=RUN_DIR takes its newest"
+    assert "-1" not in text and "BLEU" not in text
+    no_dev = dataclasses.replace(cfg, data=DataConfig(name="files", train_src=files["train_src"]))
+    (tmp_path / "mine" / "checkpoints" / "step_10").mkdir()
+    for step in (5, 10):
+        (tmp_path / "mine" / "checkpoints" / f"step_{step}" / "meta.json").write_text("{}")
+    text = what_comes_next(no_dev, TrainState(step=10))
+    assert "    mt-evaluate checkpoint=mine data=files data.train_src=c/train.it test_set=dev" in text
+    assert "    mt-average mine --last 2 -o mine/checkpoints/avg_last2" in text
+
+
+def test_config_yaml_records_the_vocabulary_in_effect(tmp_path):
+    """The run's config.yaml holds the model's vocabulary size and special ids as its
+    tokenizer decided them (the checkpoints' model.json), not the composed default."""
+    trainer = run(tmp_path / "run", "trainer.max_steps=2")
+    assert compose_cfg(*DEBUG).model.vocab_size != trainer.model.cfg.vocab_size
+    for where in (tmp_path / "run", tmp_path / "run" / "checkpoints" / "step_2"):
+        saved = OmegaConf.load(where / "config.yaml")
+        assert saved.model.vocab_size == trainer.model.cfg.vocab_size == trainer.tokenizer.vocab_size
+        assert (saved.model.pad_id, saved.model.eos_id) == (trainer.tokenizer.pad_id, trainer.tokenizer.eos_id)
 
 
 def _experiments() -> list[str]:

@@ -26,9 +26,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.checkpoint import CheckpointError, load_meta, load_model
+from transformer.checkpoint import CheckpointError, load_meta, load_model, step_checkpoints
 from transformer.commands import cli, sweep
-from transformer.config import TrainConfig, to_dataclass
+from transformer.config import DataConfig, ModelConfig, TrainConfig, to_dataclass
 from transformer.data.pipeline import prepare_data
 from transformer.device import (
     enable_fast_cuda_math,
@@ -46,6 +46,7 @@ from transformer.training.run_dir import (
     open_run_dir,
     remove_new_empty_dirs,
 )
+from transformer.training.state import TrainState
 from transformer.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def train(cfg: TrainConfig, run_config_yaml: str, made_since: float | None = Non
     # reads, so they cannot make it again). If it refuses to start, torchrun stops them.
     if dist_info.is_main:
         run = open_run_dir(cfg.trainer.run_dir, cfg.trainer.resume, is_main=True, made_since=made_since)
+        log.info("run directory: %s", shown(run.path))
     if dist_info.world_size > 1:
         decided = [[str(p) for p in run.resume_from], sorted(run.owned)] if dist_info.is_main else [None, None]
         dist.broadcast_object_list(decided, src=0)
@@ -127,6 +129,7 @@ def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, devic
     tok = data.tokenizer
     model_cfg = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
                                     bos_id=tok.bos_id, eos_id=tok.eos_id)
+    run_config_yaml = with_model(run_config_yaml, model_cfg)  # config.yaml: the vocabulary in effect
     seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
     model = build_model(model_cfg).to(device)
     if parent is not None and not run.resume_from:  # a fine-tuning run's start; later, its own
@@ -143,11 +146,61 @@ def _train(cfg: TrainConfig, run_config_yaml: str, run: RunDir, dist_info, devic
         with writing(run.path / "config.yaml", doing="write"):
             (run.path / "config.yaml").write_text(run_config_yaml)
     state = trainer.fit()
-    log.info("finished at step %d (epoch %d); best dev BLEU %.2f; %d skipped steps",
-             state.step, state.epoch, state.best_bleu, state.skipped_steps)
+    if dist_info.is_main:
+        log.info("%s", what_comes_next(cfg, state))
     if dist.is_initialized():
         dist.destroy_process_group()
     return trainer
+
+
+def with_model(run_config_yaml: str, model_cfg: ModelConfig) -> str:
+    """The run's config with the model settings its tokenizer decided (the vocabulary size
+    and the special ids), as the checkpoints' model.json has them."""
+    node = OmegaConf.create(run_config_yaml)
+    for key in ("vocab_size", "pad_id", "bos_id", "eos_id"):
+        node.model[key] = getattr(model_cfg, key)
+    return OmegaConf.to_yaml(node)
+
+
+def shown(path: str | Path) -> str:
+    """A path as a command line names it: relative to the working directory under it."""
+    path = Path(path)
+    try:
+        return str(path.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def what_comes_next(cfg: TrainConfig, state: TrainState) -> str:
+    """The run's last words: where it is, the commands that translate, evaluate and average
+    what it made, and, if it was ever validated, its best dev BLEU (the last line)."""
+    run = shown(cfg.trainer.run_dir)
+    lines = [f"finished at step {state.step} (epoch {state.epoch}, {state.skipped_steps} skipped "
+             f"updates); the run is in {run}; next, translate, evaluate and average:"]
+    first = "echo \"Ciao, come stai?\" | " if cfg.data.src_lang == "it" else ""
+    lines.append(f"    {first}mt-translate checkpoint={run}" + ("" if first else " input.file=FILE"))
+    lines.append(f"    mt-evaluate checkpoint={run} {_test_set(cfg.data)}")
+    steps = len(step_checkpoints(cfg.trainer.run_dir))
+    if steps >= 2:
+        lines.append(f"    mt-average {run} --last {steps} -o {run}/checkpoints/avg_last{steps}")
+    best = Path(cfg.trainer.run_dir) / "checkpoints" / "best"
+    if state.best_bleu >= 0 and best.is_dir():
+        step = load_meta(best).get("step", "?")
+        lines.append(f"best dev BLEU {state.best_bleu:.2f}, at step {step}: {shown(best)}")
+    else:
+        lines.append("not validated, so no best checkpoint: checkpoint=RUN_DIR takes its newest")
+    return "\n".join(lines)
+
+
+def _test_set(data: DataConfig) -> str:
+    """mt-evaluate's settings for the run's dev set."""
+    if data.name == "files" and data.dev_src and data.dev_tgt:
+        return f"test_set={shown(data.dev_src)},{shown(data.dev_tgt)}"
+    if data.name == "files":
+        given = {k: getattr(data, k) for k in ("train_src", "train_tgt", "dev_src") if getattr(data, k)}
+        return " ".join(["data=files", *(f"data.{k}={shown(v)}" for k, v in given.items()), "test_set=dev"])
+    corpus = next(iter(data.corpora)) if data.name == "mix" else data.name
+    return f"data={corpus} test_set=dev"
 
 
 def configure(hydra_cfg: DictConfig) -> tuple[TrainConfig, str]:
