@@ -69,7 +69,7 @@ def test_reset_empties_the_window_and_restarts_its_clock(clock):
 
 def test_skipped_updates_count_in_the_window_only_when_finite_and_never_move_the_bar(tmp_path, clock):
     book = Logbook(None, CPU)
-    book.open(step=7, max_steps=100, show_bar=True)  # on stderr, which pytest captures
+    book.open(step=7, end=(100, "max_steps=100"), show_bar=True)  # on stderr, which pytest captures
     book.add(metrics(loss_sum=10.0, tokens=10))
     book.add(metrics(loss_sum=30.0, tokens=10, applied=False))  # skipped, its loss finite: counted
     book.add(metrics(loss_sum=math.inf, tokens=10, applied=False))  # inf: left out
@@ -81,13 +81,14 @@ def test_skipped_updates_count_in_the_window_only_when_finite_and_never_move_the
 def test_the_train_report_logs_a_line_and_the_tags_readers_look_up_then_starts_a_new_window(
         tmp_path, clock, caplog):
     book = Logbook(tmp_path / "tb", CPU)
-    book.open(step=0, max_steps=100, show_bar=False)
+    book.open(step=0, end=(100, "max_steps=100"), show_bar=False)
     book.add(metrics(loss_sum=12.0, tokens=4))
     clock[0] = 2.0
     state = TrainState(step=5, epoch=1, skipped_steps=2, train_seconds=1800.0)
     with caplog.at_level(logging.INFO):
         book.train(state, metrics(loss_sum=12.0, tokens=4), lr=3e-4)
-    assert "step 5: loss 3.000, 2 target tokens/s, lr 3.00e-04, epoch 1" in caplog.text
+    assert ("step 5: loss 3.000, 2 target tokens/s, lr 3.00e-04, epoch 1; max_steps=100 ends the run "
+            "at about update 100") in caplog.text
     assert book.window.tokens == 0
     book.close()
     acc = events(tmp_path / "tb")
@@ -134,7 +135,7 @@ def test_several_dev_sets_each_get_their_tags_and_dev_bleu_is_the_selection_scor
 
 def test_ranks_other_than_zero_write_no_events_but_still_report(tmp_path, caplog):
     book = Logbook(None, CPU, world_size=2)
-    book.open(step=0, max_steps=10, show_bar=False)
+    book.open(step=0, end=(10, "max_steps=10"), show_bar=False)
     with caplog.at_level(logging.INFO):
         book.train(TrainState(step=1), metrics(loss_sum=1.0, tokens=1), lr=1e-3)
         book.validation(1, {"sample": dev(1.0)}, score=1.0, best=1.0)

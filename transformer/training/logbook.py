@@ -74,16 +74,20 @@ class Logbook:
         self.device, self.world_size = device, world_size
         self.window = LogWindow()
         self.bar = tqdm(disable=True)
+        self.end: tuple[int, str] = (0, "max_steps")  # where the run ends (`open`)
 
-    def open(self, step: int, max_steps: int, show_bar: bool) -> None:
+    def open(self, step: int, end: tuple[int, str], show_bar: bool) -> None:
         """Start the progress bar and a new log window, as training starts or resumes.
 
         Args:
             step: the updates applied already (a resumed run's).
-            max_steps: the updates training ends at (the bar's total).
+            end: the update training is expected to end at and the limit that ends it
+                there (`Budget.end`): the bar's total, and what it names.
             show_bar: draw the bar (else a log line per window stands in for it).
         """
-        self.bar = tqdm(total=max_steps, initial=step, dynamic_ncols=True, desc="train", disable=not show_bar)
+        self.bar = tqdm(total=end[0], initial=step, dynamic_ncols=True, desc=f"train to {end[1]}",
+                        disable=not show_bar)
+        self.end = end
         self.window.reset()
 
     def add(self, metrics: dict[str, float]) -> None:
@@ -99,7 +103,8 @@ class Logbook:
         if metrics["applied"]:
             self.bar.update(int(metrics["applied"]))
 
-    def train(self, state: TrainState, last: dict[str, float], lr: float) -> None:
+    def train(self, state: TrainState, last: dict[str, float], lr: float,
+              end: tuple[int, str] | None = None) -> None:
         """Report the window and start the next: its mean losses and speed on the bar, in
         the log (when there is no bar) and in TensorBoard, with the grad norm of the last
         update.
@@ -108,13 +113,19 @@ class Logbook:
             state: where training stands (step, epoch, skipped updates, training time).
             last: the last update's metrics.
             lr: the learning rate of the last update.
+            end: the run's end as estimated now (`Budget.end`): the bar's new total and
+                limit; None: as before.
         """
         window = self.window.summary(self.world_size)
+        if end is not None and end != self.end:
+            self.end, self.bar.total = end, end[0]
+            self.bar.set_description_str(f"train to {end[1]}", refresh=False)
         self.bar.set_postfix(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_s']:,.0f}",
                              epoch=state.epoch, lr=f"{lr:.1e}")
         if self.bar.disable:  # no progress bar (trainer.progress=false): a log line instead
-            log.info("step %d: loss %.3f, %.0f target tokens/s, lr %.2e, epoch %d",
-                     state.step, window["loss"], window["tokens_per_s"], lr, state.epoch)
+            log.info("step %d: loss %.3f, %.0f target tokens/s, lr %.2e, epoch %d; %s ends the run "
+                     "at about update %d", state.step, window["loss"], window["tokens_per_s"], lr,
+                     state.epoch, self.end[1], self.end[0])
         if self.writer is not None:
             step, w = state.step, self.writer
             w.add_scalar("train/loss", window["loss"], step)

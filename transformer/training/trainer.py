@@ -1,6 +1,7 @@
 """The training loop: updates, mixed precision, and when to log, validate, save and stop.
 
 What is not the loop lives beside it: the training state and checkpoints in `state.py`,
+the limits that end a run (and the progress bar's estimate of when) in `budget.py`,
 SIGINT/SIGTERM in `signals.py`, the progress bar, log lines and TensorBoard in
 `logbook.py`, dev-set scoring in `validation.py`, the divergence guard in `nan_guard.py`,
 the optimizer update in `optimizer.py` (`Updater`), the device-side metrics in `update_meter.py`,
@@ -48,6 +49,7 @@ from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 from transformer.data.pipeline import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
+from transformer.training.budget import Budget
 from transformer.training.distributed import DistInfo, any_rank, token_normaliser
 from transformer.training.forward import TrainForward
 from transformer.training.logbook import Logbook
@@ -89,6 +91,7 @@ class Trainer:
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
+        self.budget = Budget(self.tc, self.sampler)  # what ends the run, and when
         self.update = Updater(model, self.optimizer, self.scaler, cfg.optim, device)
         self.meter = UpdateMeter(device)
         self.read_every_update = False  # read after every update (a streak of skipped ones is under way)
@@ -129,7 +132,9 @@ class Trainer:
         tc, s = self.tc, self.state
         first_step = s.step
         self.update.start(s.step, peak=self.scheduler.base_lrs[0])  # optim.lr, a resumed run's too
-        self.logbook.open(s.step, tc.max_steps, show_bar=tc.progress and self.dist.is_main)
+        self.budget.start(s)
+        log.info("training until the first of %s", self.budget.describe())
+        self.logbook.open(s.step, self.budget.end(s), show_bar=tc.progress and self.dist.is_main)
         self.signals.install()
         stream = Prefetcher(self._micro_batches(), self.cfg.data.prefetch_batches, pin=self.device.type == "cuda")
         early_stop = interrupted = False
@@ -138,10 +143,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 micro = [next(stream) for _ in range(tc.accum_steps)]
                 epoch, index, _ = micro[-1]
-                if tc.max_epochs is not None and epoch >= tc.max_epochs:
-                    break
-                if tc.max_hours is not None and s.train_seconds >= tc.max_hours * 3600:
-                    log.info("max_hours=%s reached at step %d", tc.max_hours, s.step)
+                if limit := self.budget.stop(s, epoch):
+                    log.info("%s reached at step %d", limit, s.step)
                     break
                 self.train_step([b for _, _, b in micro])
                 s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
@@ -152,7 +155,8 @@ class Trainer:
                 # a skipped update advances nothing, but the stop signal is still heeded
                 if self.read_and_recount()["last_applied"]:
                     if s.step % tc.log_every == 0:
-                        self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0])
+                        self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0],
+                                           self.budget.end(s))
                     if s.step % tc.val_every == 0:
                         early_stop = self._validate_and_save()
                     elif tc.save_every and s.step % tc.save_every == 0:
