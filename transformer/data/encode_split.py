@@ -21,6 +21,7 @@ from datasets.arrow_writer import ArrowWriter
 from transformer.data import corpus
 from transformer.data.clean_split import CleanSplit, read_table
 from transformer.data.corpus import DataError
+from transformer.data.heartbeat import Heartbeat
 from transformer.data.tokenizer import Tokenizer
 from transformer.data.workers import Workers
 
@@ -64,26 +65,38 @@ class SplitWriter:
             self.writer.finalize()
         self.writer.close()
 
+    def _append(self, rows: pa.Table, ids: list[pa.Array], length_filter: LengthFilter | None,
+                counts: dict[str, int]) -> int:
+        """Write a chunk's rows with their ids, length-filtered (a training split), counting
+        what each rule drops into `counts`; returns the pairs written."""
+        chunk = pa.table([*rows.columns, *ids], names=list(FEATURES))
+        if length_filter is not None:
+            src_lens, tgt_lens = (pc.list_value_length(x).to_numpy(zero_copy_only=False) for x in ids)
+            keep, dropped = corpus.length_filter(src_lens, tgt_lens, length_filter.max_len,
+                                                 length_filter.max_len_ratio)
+            for rule, n in dropped.items():
+                counts[rule] += n
+            chunk = chunk.take(keep) if len(keep) < len(chunk) else chunk
+        self.writer.write_table(chunk)
+        return len(chunk)
+
     def write(self, split: CleanSplit, tokenizer: Tokenizer, workers: Workers, num_threads: int,
-              length_filter: LengthFilter | None = None) -> int:
+              length_filter: LengthFilter | None = None, label: str = "dev") -> int:
         """Append `split` encoded; returns the pairs written. `num_threads` SentencePiece
-        threads when the chunks are encoded in this process (one in each worker)."""
+        threads when the chunks are encoded in this process (one in each worker); a line
+        every few seconds says how far it is, naming the split (`label`, or the length
+        filter's)."""
         ranges = list(split.row_ranges())
         threads = 1 if workers.parallel(len(ranges)) else num_threads
         model = tokenizer.digest, tokenizer.proto
         tasks = ((*model, threads, *r) for r in ranges)
         table = split.table()
         written, counts = 0, {"too_long": 0, "length_ratio": 0}
-        for (_, start, stop), ids in zip(ranges, workers.map(encode_rows, tasks), strict=True):
-            chunk = pa.table([*table.slice(start, stop - start).columns, *ids], names=list(FEATURES))
-            if length_filter is not None:
-                src_lens, tgt_lens = (pc.list_value_length(x).to_numpy(zero_copy_only=False) for x in ids)
-                keep, dropped = corpus.length_filter(src_lens, tgt_lens, length_filter.max_len,
-                                                     length_filter.max_len_ratio)
-                counts = {k: counts[k] + v for k, v in dropped.items()}
-                chunk = chunk.take(keep) if len(keep) < len(chunk) else chunk
-            self.writer.write_table(chunk)
-            written += len(chunk)
+        name, done = length_filter.label if length_filter is not None else label, [0]
+        with Heartbeat(lambda: f"encoding {name}: {done[0]:,} of {len(split):,} pairs", logger=log):
+            for (_, start, stop), ids in zip(ranges, workers.map(encode_rows, tasks), strict=True):
+                written += self._append(table.slice(start, stop - start), ids, length_filter, counts)
+                done[0] = stop
         if length_filter is not None:
             f = length_filter
             for rule, n in counts.items():

@@ -203,7 +203,7 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
                                                            stats["dropped"][label]))
             for name, splits in corpora.items():
                 with SplitWriter(tmp / "dev" / name / ARROW) as dev:
-                    dev.write(splits["dev"], tokenizer, workers, cfg.num_proc)
+                    dev.write(splits["dev"], tokenizer, workers, cfg.num_proc, label=f"dev{_prefix(cfg, name)}")
         with timer("save"):
             stats.update(corpus_statistics(tmp, sizes, tokenizer, cfg))
             (tmp / "stats.json").write_text(json.dumps(stats, indent=1))

@@ -14,12 +14,13 @@ import logging
 import os
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
 
 from transformer.atomic_files import atomic_write
+from transformer.data.heartbeat import Heartbeat
 from transformer.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -143,31 +144,60 @@ def train_tokenizer(
     because SentencePiece's own sampling differs from one process to the next even with
     `set_random_generator_seed`, and the same corpus should give the same vocabulary.
     A vocabulary size the text cannot support raises VocabularyError naming `setting`.
+    A line every few seconds says how far it is (`heartbeat.Heartbeat`).
     """
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
+    progress = _Progress(vocab_size, model_type, input_sentence_size)
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(_reservoir_sample(sentences, input_sentence_size, seed)),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True,
-            seed_sentencepiece_size=1_000_000,
-            normalization_rule_name="identity",  # corpus.normalize already applied NFC
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            pad_piece="<pad>",
-            num_threads=2,
-            minloglevel=2,
-        )
+        with Heartbeat(progress.status, logger=log):
+            sample = _reservoir_sample(progress.count(sentences, "read"), input_sentence_size, seed)
+            progress.sampled = len(sample)
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=progress.count(sample, "fed"),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True,
+                seed_sentencepiece_size=1_000_000,
+                normalization_rule_name="identity",  # corpus.normalize already applied NFC
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                pad_piece="<pad>",
+                num_threads=2,
+                minloglevel=2,
+            )
     except RuntimeError as e:
         raise VocabularyError(_vocabulary_error(str(e), vocab_size, setting)) from None
     return Tokenizer.from_proto(model.getvalue())
+
+
+class _Progress:
+    """How far `train_tokenizer` is, for its heartbeat: the corpus read for the sample, the
+    sample read by SentencePiece, then SentencePiece choosing the pieces."""
+
+    def __init__(self, vocab_size: int, model_type: str, at_most: int) -> None:
+        self.vocab_size, self.model_type, self.at_most = vocab_size, model_type, at_most
+        self.read = self.fed = 0
+        self.sampled: int | None = None  # the sample's size, once drawn
+
+    def count(self, items: Iterable[str], what: str) -> Iterator[str]:
+        """`items`, counted into `self.read` or `self.fed` as they are taken."""
+        for item in items:
+            setattr(self, what, getattr(self, what) + 1)
+            yield item
+
+    def status(self) -> str:
+        if self.sampled is None:
+            return f"tokenizer: drawing a sample of at most {self.at_most:,} sentences: {self.read:,} read"
+        if self.fed < self.sampled:
+            return f"tokenizer: SentencePiece reads the sample: {self.fed:,} of {self.sampled:,} sentences"
+        return (f"tokenizer: SentencePiece chooses {self.vocab_size:,} {self.model_type} pieces from "
+                f"{self.sampled:,} sentences")
 
 
 def _vocabulary_error(message: str, vocab_size: int, setting: str) -> str:
