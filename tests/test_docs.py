@@ -6,8 +6,12 @@ section that a comment, docstring, config or page cites is there."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +26,7 @@ from transformer.config import TrainConfig, to_dataclass
 from transformer.deploy.ct2_export import ExportConfig
 from transformer.paths import CONFIG_DIR, PROJECT_ROOT
 
-from helpers import compose_cfg
+from helpers import compose_cfg, shared_cache
 
 PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "data" / "README.md",
          *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]
@@ -145,7 +149,49 @@ def test_every_documented_command_composes(page, prog, args):
     if multirun:
         overrides = [_first_of_sweep(o) for o in overrides]
     overrides = rewrite(overrides, schema)
+    if "--help" in args or "-h" in args:  # the help composes; a required key may stay unset
+        compose_cfg(*overrides, config=name)
+        return
     to_dataclass(schema, compose_cfg(*overrides, config=name))
+
+
+# mt-* as the console scripts run them, from this tree: `python -m transformer.commands.<module>`
+COMMAND_MODULES = {"mt-train": "train", "mt-translate": "translate", "mt-evaluate": "evaluate",
+                   "mt-average": "average", "mt-export": "export"}
+
+
+def section_commands(page: Path, title: str) -> list[str]:
+    """The command lines of a section's first code block, continuation backslashes joined."""
+    section = page.read_text().split(f"\n{title}\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return joined([line.rstrip() for line in block.splitlines()])
+
+
+def test_the_readmes_own_corpus_commands_run_verbatim(tmp_path):
+    """"Train on your own corpus": each line as the README gives it, in a folder holding the
+    sample's files, one after the other: the run, a translation, the evaluations of its best
+    checkpoint and of an average (each in its model's own folder), the export. The only
+    addition is mt-train's data.cache_dir, the test session's shared cache."""
+    lines = section_commands(PROJECT_ROOT / "README.md", "## Train on your own corpus")
+    progs = [next(t for t in shlex.split(line, comments=True) if t.startswith("mt-")) for line in lines]
+    assert progs == ["mt-train", "mt-translate", "mt-evaluate", "mt-average", "mt-evaluate", "mt-export"]
+    shutil.copytree(PROJECT_ROOT / "data" / "sample", tmp_path / "data" / "sample")
+    extra = {"mt-train": f' "data.cache_dir={shared_cache()}"'}
+    shims = "\n".join(f'{prog}() {{ "{sys.executable}" -m transformer.commands.{module} "$@"{extra.get(prog, "")}; }}'
+                      for prog, module in COMMAND_MODULES.items())
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    for line, prog in zip(lines, progs):
+        if prog == "mt-export":
+            pytest.importorskip("ctranslate2")
+        proc = subprocess.run(["bash", "-c", f"set -eo pipefail\n{shims}\n{line}"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
+        if prog == "mt-translate":
+            assert proc.stdout.count("\n") == 1 and "its best checkpoint" in proc.stderr
+    assert (tmp_path / "runs" / "mine" / "checkpoints" / "avg_last2" / "model.safetensors").is_file()
+    for model in ("mine-best", "mine-avg_last2"):
+        assert (tmp_path / "outputs" / "eval" / model / "dev.it.beam.json").is_file()
+    assert (tmp_path / "exports" / "mine" / "export.json").is_file()
 
 
 def test_the_readme_stays_a_front_door():
