@@ -3,6 +3,8 @@ overrides, with messages naming the Python keyword; lines, pairs, paths and thre
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -96,3 +98,11 @@ def test_check_path_takes_a_checkpoint_and_names_what_else_it_was_given(checkpoi
         check_path(tmp_path / "file")
     with pytest.raises(CheckpointError, match="is neither a checkpoint directory"):
         check_path(tmp_path)
+
+
+def test_check_path_takes_a_run_directory_as_its_best_checkpoint(checkpoint, tmp_path):
+    """Translator.load("runs/x") as mt-translate's checkpoint=runs/x: the run's best."""
+    best = tmp_path / "run" / "checkpoints" / "best"
+    shutil.copytree(checkpoint, best)
+    assert check_path(tmp_path / "run") == best
+    assert check_path(str(tmp_path / "run" / "checkpoints")) == best

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.checkpoint import MODEL_CFG, CheckpointError
+from transformer.checkpoint import MODEL_CFG, CheckpointError, find_checkpoint
 from transformer.config import ConfigError, DecodeConfig, omegaconf_error_line, to_dataclass
 from transformer.decoding.ct2_model import EXPORT_INFO, is_export
 
@@ -131,11 +131,15 @@ def decode_config(base: DecodeConfig, settings: dict[str, Any]) -> DecodeConfig:
 
 
 def check_path(path: str | Path) -> Path:
-    """`path` as a Path, if it is a checkpoint directory or an export; else CheckpointError."""
+    """`path` as a Path, if it is a checkpoint directory or an export, or the checkpoint a
+    run directory names (its best, else its newest: `checkpoint.find_checkpoint`); else
+    CheckpointError."""
     if not str(path):
         raise CheckpointError("no checkpoint given: Translator.load(path) takes a checkpoint "
                               "directory or a CTranslate2 export (mt-export)")
     where = Path(path).expanduser()
+    if where.is_dir() and not (where / MODEL_CFG).is_file() and not is_export(where):
+        where = find_checkpoint(where, key="path")  # a run directory: its best, else its newest
     if not where.is_dir():
         kind = "not a directory" if where.exists() else "no such directory"
         raise CheckpointError(f"{path}: {kind}; Translator.load takes a checkpoint directory "
