@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from typing import ClassVar
 
 import pytest
 
 from transformer.config import DataConfig
-from transformer.data import heartbeat
+from transformer.data import encode_split, heartbeat, tokenizer
 from transformer.data.heartbeat import Heartbeat
 from transformer.data.pipeline import prepare_data
 
@@ -36,20 +37,43 @@ def test_a_heartbeat_logs_its_status_until_the_step_ends(caplog):
     assert caplog.records == []
 
 
-def test_preparation_says_what_it_does_while_it_trains_the_vocabulary_and_encodes(
-        tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(heartbeat, "HEARTBEAT_SECONDS", 0.001)
-    with caplog.at_level(logging.INFO):
-        prepare_data(DataConfig(name="sample", spm_vocab_size=300, cache_dir=str(tmp_path)))
-    said = [r.getMessage() for r in caplog.records]
-    tokenizer = [m for m in said if m.startswith("tokenizer: ")]
-    assert tokenizer, said
-    phases = (r"drawing a sample of at most 1,000,000 sentences: [\d,]+ read",
-              r"SentencePiece reads the sample: [\d,]+ of [\d,]+ sentences",
-              r"SentencePiece chooses 300 unigram pieces from [\d,]+ sentences")
-    assert all(any(re.fullmatch(f"tokenizer: {p} \\(\\d+ s so far\\)", m) for p in phases) for m in tokenizer)
-    assert any(re.fullmatch(r"encoding train: [\d,]+ of 400 pairs \(\d+ s so far\)", m) for m in said), said
-    assert any(re.fullmatch(r"encoding dev: [\d,]+ of 50 pairs \(\d+ s so far\)", m) for m in said), said
+class Recorded:
+    """A Heartbeat that records its status as its step starts and ends, whatever the time."""
+
+    said: ClassVar[list[str]] = []
+
+    def __init__(self, status, every=None, logger=None) -> None:
+        self.status = status
+
+    def __enter__(self):
+        Recorded.said.append(self.status())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        Recorded.said.append(self.status())
+
+
+def test_preparation_says_what_it_does_while_it_trains_the_vocabulary_and_encodes(tmp_path, monkeypatch):
+    monkeypatch.setattr(Recorded, "said", [])
+    monkeypatch.setattr(tokenizer, "Heartbeat", Recorded)
+    monkeypatch.setattr(encode_split, "Heartbeat", Recorded)
+    prepare_data(DataConfig(name="sample", spm_vocab_size=300, cache_dir=str(tmp_path)))
+    assert Recorded.said == [
+        "tokenizer: drawing a sample of at most 1,000,000 sentences: 0 read",
+        "tokenizer: SentencePiece chooses 300 unigram pieces from 800 sentences",
+        "encoding train: 0 of 400 pairs", "encoding train: 400 of 400 pairs",
+        "encoding dev: 0 of 50 pairs", "encoding dev: 50 of 50 pairs"]
+
+
+def test_the_tokenizers_status_follows_its_phases():
+    progress = tokenizer._Progress(8000, "bpe", at_most=5)
+    assert list(progress.count(["a", "b", "c"], "read")) == ["a", "b", "c"]
+    assert progress.status() == "tokenizer: drawing a sample of at most 5 sentences: 3 read"
+    progress.sampled = 3
+    next(iter(progress.count(["a", "b", "c"], "fed")))
+    assert progress.status() == "tokenizer: SentencePiece reads the sample: 1 of 3 sentences"
+    progress.fed = 3
+    assert progress.status() == "tokenizer: SentencePiece chooses 8,000 bpe pieces from 3 sentences"
 
 
 @pytest.mark.parametrize("every", [None, 2.5])
