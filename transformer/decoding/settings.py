@@ -77,9 +77,8 @@ def decode_precision(precision: str, device: torch.device, key: str = "decode.pr
     the other way, and a small model's decoding step gains little from it:
     docs/deploying.md, "A checkpoint and its export"). `decode.precision=bf16` asks for bf16.
     """
-    if precision == "auto" and device.type == "cpu":
-        return "fp32"
-    return resolve_precision(precision, device, key=key)[0]
+    resolved = resolve_precision(precision, device, key=key)[0]  # checked as training's
+    return "fp32" if precision == "auto" and device.type == "cpu" else resolved
 
 
 def resolved(cfg: DecodeConfig, device: torch.device, model=None) -> bool:
