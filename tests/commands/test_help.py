@@ -95,6 +95,7 @@ def test_the_defaults_are_the_commands_own_and_follow_the_overrides_given():
     assert train["model.d_model"][1] == "256"  # configs/model/small.yaml, train.yaml's choice
     assert train["trainer.max_epochs"][0] == "int or null" and train["trainer.max_epochs"][1] == "null"
     assert train["optim.betas"][1] == "[0.9, 0.98]"
+    assert train["data.phases"][0] == "list[{epochs, corpora}]" and train["data.phases"][1] == "[]"
     recipe = cli_help.help_text("mt-train", "train", TrainConfig, ["experiment=tatoeba_cpu", "optim.lr=5e-4"])
     assert _keys(recipe)["trainer.run_dir"][1] == "runs/tatoeba_cpu"
     assert _keys(recipe)["optim.lr"][1] == "0.0005"

@@ -91,7 +91,10 @@ def settings(schema: type, composed: DictConfig, prefix: str = "") -> list[Setti
         if inner is not None and isinstance(value, DictConfig):
             out += settings(inner, value, f"{key}.")
             continue
-        out.append(Setting(key, _type_name(str(f.type)), _yaml(composed, f.name), docs.get(f.name, "")))
+        kind = _type_name(str(f.type))
+        if inner is not None:  # a list of them (data.phases): named by their keys, as typed
+            kind = kind.replace(inner.__name__, "{" + ", ".join(g.name for g in dataclasses.fields(inner)) + "}")
+        out.append(Setting(key, kind, _yaml(composed, f.name), docs.get(f.name, "")))
     return out
 
 
