@@ -33,6 +33,8 @@ from transformer.errors import ConfigError
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")  # decode.compile
+MAX_SYNC_EVERY = 64  # decode.sync_every: done rows decode this many steps at most for nothing
 MAX_PAD_TO_MULTIPLE = 64  # data.pad_to_multiple: beyond it padding costs more than shapes save
 MAX_PREFETCH_BATCHES = 64  # data.prefetch_batches: batches held in host memory
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
@@ -329,6 +331,11 @@ class TrainerConfig:
             require(value is None or value > 0, f"{prefix}.{name}", value, "must be > 0 (or null)")
         require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                 f"choose one of {', '.join(PRECISIONS)}")
+        require(self.compile in COMPILE_MODES, f"{prefix}.compile", self.compile,
+                f"choose one of {', '.join(COMPILE_MODES)}")
+        positive(f"{prefix}.sync_every", self.sync_every, optional=True)
+        if self.sync_every is not None:
+            _at_most(f"{prefix}.sync_every", self.sync_every, MAX_SYNC_EVERY)
         check_device(f"{prefix}.device", self.device)
         positive(f"{prefix}.seed", self.seed, minimum=0)
         require(bool(self.run_dir), f"{prefix}.run_dir", self.run_dir, "must name a directory")
@@ -364,6 +371,15 @@ class DecodeConfig:
     precision: str = "auto"
     # split each line into sentences (transformer/data/sentences.py), translate them, join them again
     split_sentences: bool = True
+    # the decoder step: none (eager) | default | reduce-overhead (CUDA graphs on a GPU) |
+    # max-autotune, a torch.compile mode; the first batch pays for compiling it
+    compile: str = "none"
+    # decoder steps between the host's reads of how many sentences are still live (the
+    # finished ones leave then); null: 1 on CPU, 4 on CUDA
+    sync_every: int | None = None
+    # finished rows leave in powers of two (few shapes for a compiled step); null: on
+    # where the step is compiled on a GPU
+    buckets: bool | None = None
     # the old name of batch_tokens, still accepted: moved there with a warning
     max_tokens: int | None = None
 
