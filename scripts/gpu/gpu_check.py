@@ -583,11 +583,14 @@ def step_profile(plan: Plan, work: Path, r: dict) -> dict:
     prose_file = ROOT / Path(plan.test_file).parent / "europarl-test.it"
     prose = read_lines(prose_file if prose_file.exists() else ROOT / plan.test_file)[: max(plan.decode_sentences // 4, 1)]
     cuda = plan.device == "cuda"
+    # the step eager and compiled as CUDA graphs (graphs traced and recorded per batch, the
+    # first compiled step's seconds); a CPU's compile takes minutes: eager only there
+    modes = ("none", "reduce-overhead") if cuda else ("none",)
     for name, lines, methods in (("tatoeba", src, ("beam", "greedy")), ("europarl", prose, ("beam",))):
         path = work / f"profile_{name}.json"
         try:
             r[name] = profile(str(checkpoint), lines, device=plan.device, methods=methods,
-                              json_path=path, expandable=cuda)
+                              json_path=path, expandable=cuda, compile_modes=modes)
         finally:  # what a cut-off profile measured: its JSON holds every batch done
             if name not in r and path.exists():
                 r[name] = json.loads(path.read_text())

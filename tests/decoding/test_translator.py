@@ -656,6 +656,31 @@ def test_load_holds_the_weights_in_the_dtype_it_decodes_in(checkpoint):
         Translator.load(checkpoint, device="cpu", dtype="fp16")  # needs CUDA
 
 
+def test_a_translator_copies_its_model_once_per_dtype_while_its_weights_stay(checkpoint, monkeypatch):
+    """A model held in fp32 and decoded in bf16 (what `auto` gives on a GPU) is copied at
+    the first call that needs it, not at every call; an update of the weights (a model
+    still training) makes the next call copy afresh."""
+    from transformer.decoding import translator as translator_module
+
+    copies = []
+    real = translator_module.copied_in
+    monkeypatch.setattr(translator_module, "copied_in",
+                        lambda model, dtype: copies.append(dtype) or real(model, dtype))
+    model, tokenizer = load_model(checkpoint)
+    translator = Translator(model, tokenizer, decode=DecodeConfig(method="greedy", max_len_b=6,
+                                                                 precision="bf16"))
+    first = translator.translate(LINES)
+    assert translator.translate(LINES) == first and translator.translate(LINES[:1]) == first[:1]
+    assert copies == [torch.bfloat16]
+    assert translator.translate(LINES, precision="fp32") is not None  # the model itself: no copy
+    assert copies == [torch.bfloat16]
+    with torch.no_grad():
+        model.out_proj.weight.mul_(2.0)  # what an optimizer step does to a parameter
+    translator.translate(LINES)
+    assert copies == [torch.bfloat16, torch.bfloat16]
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the model untouched
+
+
 def test_load_for_inference_casts_the_weights_once(checkpoint):
     model, _, _ = text_module.load_for_inference(str(checkpoint), "cpu", dtype="bf16")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

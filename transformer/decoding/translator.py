@@ -69,7 +69,7 @@ from transformer.decoding.translations import (
 )
 from transformer.device import PRECISIONS, resolve_device, resolve_precision
 from transformer.model.transformer import Transformer
-from transformer.model.weights import copied_in
+from transformer.model.weights import copied_in, floating_dtype
 
 __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
 log = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ class Translator:
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
         self.threads = None if isinstance(model, CT2Model) else threads
+        # dtype -> (the weights' versions when copied, the model's copy in that dtype)
+        self._copies: dict[torch.dtype, tuple[tuple, Transformer]] = {}
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "auto", precision: str = "auto",
@@ -189,7 +191,7 @@ class Translator:
         cfg = self._config(settings, nbest)
         prefixes = encode_prefixes(self.tokenizer, target_prefix, len(batch), single)
         with as_arguments(), torch_threads(self.threads):
-            out = translate_batch(_in_dtype(self.model, cfg), self.tokenizer, batch, cfg, self.device, nbest,
+            out = translate_batch(self._in_dtype(cfg), self.tokenizer, batch, cfg, self.device, nbest,
                                   return_scores or return_attention, return_attention, prefixes)
         return out[0] if single else out
 
@@ -223,7 +225,7 @@ class Translator:
         """
         check_iterable(lines)
         cfg = self._config(settings, nbest)  # a bad setting before any line
-        return translate_windows(_in_dtype(self.model, cfg), self.tokenizer, lines, cfg, self.device, nbest,
+        return translate_windows(self._in_dtype(cfg), self.tokenizer, lines, cfg, self.device, nbest,
                                  return_scores or return_attention, return_attention,
                                  around=lambda: torch_threads(self.threads))
 
@@ -262,7 +264,7 @@ class Translator:
         (src, tgt, single), cfg = as_pairs(sources, targets), self._config(settings, None)
         details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
-            scores = score_lines(_in_dtype(self.model, cfg), self.tokenizer, src, tgt, cfg, self.device, details)
+            scores = score_lines(self._in_dtype(cfg), self.tokenizer, src, tgt, cfg, self.device, details)
         out = scores if details is None else list(zip(scores, details, strict=True))
         return out[0] if single else out
 
@@ -273,14 +275,25 @@ class Translator:
         with as_arguments():  # this call's, checked (an error names the keyword) and resolved once
             return decode_settings(decode_config(self.decode, settings), self.device, self.model)
 
+    def _in_dtype(self, cfg: DecodeConfig) -> Transformer | CT2Model:
+        """The model to decode in cfg's precision: the shared one, which a call never
+        changes (threads may share it), or its copy in that dtype, made at the first call
+        that needs it and kept while the model's weights stay as they were (a model still
+        training gets a fresh copy after its next update)."""
+        model = self.model
+        if isinstance(model, CT2Model):
+            return model
+        dtype = DTYPES[cfg.precision]
+        if floating_dtype(model) in (dtype, None):
+            return model
+        versions = tuple((id(p), p._version) for p in model.parameters())
+        kept = self._copies.get(dtype)
+        if kept is None or kept[0] != versions:
+            kept = self._copies[dtype] = (versions, copied_in(model, dtype))
+        return kept[1]
+
     def __repr__(self) -> str:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
-
-
-def _in_dtype(model: Transformer | CT2Model, cfg: DecodeConfig) -> Transformer | CT2Model:
-    """The model to decode in cfg's precision: the shared one, which a call never changes
-    (threads may share it), or a copy for this call where its weights are in another dtype."""
-    return model if isinstance(model, CT2Model) else copied_in(model, DTYPES[cfg.precision])
 
 
 def _check_threads(threads: Any) -> None:

@@ -130,7 +130,7 @@ class DecoderCache:
             buffer[:n, :, :, :positions].copy_(spare[:n, :, :, :positions])
             return buffer, spare
         if n > buffer.size(0):
-            buffer = torch.empty_like(spare)
+            buffer = torch.zeros_like(spare)
         return spare, buffer
 
     def start(self, model, rows: int, memory: torch.Tensor, src_ids: torch.Tensor) -> None:
@@ -154,9 +154,10 @@ class DecoderCache:
         """The buffers for `rows` rows of `length` positions, shaped after `cross` (A, 2N,
         H, S, Dh), the memory's keys and values (kept), and src_mask (A, 1, 1, S)."""
         capacity = max(rows, self.max_rows or 0)
-        # zeros: a step reads every position under its mask, and 0 * NaN is NaN
+        # zeros, the spare too: a step reads every position under its mask, and 0 * NaN is
+        # NaN (after a reorder the positions past the prefix are the spare's)
         self._kv = cross.new_zeros(capacity, *cross.shape[1:3], length, cross.size(4))
-        self._kv_spare = torch.empty_like(self._kv)
+        self._kv_spare = torch.zeros_like(self._kv)
         self._cross, self._cross_spare = cross, torch.empty_like(cross)
         self._src_mask = src_mask
         self.rows, self.sentences = rows, cross.size(0)
