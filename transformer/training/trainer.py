@@ -100,7 +100,6 @@ class Trainer:
             after_batch=self.trim_heap)
         self.ddp = wrapped_in_ddp(model, device)  # DDP itself, whose `no_sync` `train_step` holds
         self.forward = TrainForward(model, self.ddp or model, self.tc.precision, device, self.tc.compile)
-        self.net: torch.nn.Module = self.forward.net  # what runs the forward: model, DDP, DDP compiled
         run_dir = Path(self.tc.run_dir)
         self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
         self.signals = StopSignal(run_dir / "checkpoints")
@@ -234,7 +233,7 @@ class Trainer:
         """One optimizer update over `batches` (gradient accumulation), read nowhere: counted
         as applied until `read_and_recount` reads whether it was. Returns its metrics: `loss_sum`,
         `nll_sum`, `grad_norm`, `applied` (device tensors), `tokens` (an int, this rank's)."""
-        self.net.train()
+        self.forward.net.train()  # what runs the forward: model, DDP, DDP compiled
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # shapes: known on the host
         norm = token_normaliser(n_tokens, self.dist, self.device)
         loss_sum = nll_sum = 0
