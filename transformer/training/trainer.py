@@ -20,7 +20,8 @@ is taken there (`Updater`); the host counts each update as applied and recounts
                                              | yes: a log, validation or save step,
                                              |      the end, a signal, or a streak of skips
                                              v
-      `read_and_recount`: UpdateMeter.read_and_recount, the one read (.tolist())
+      `read_and_recount`: UpdateMeter.read_and_recount, the one read (.tolist();
+          under DDP, the ranks' losses and tokens all-reduced in it first)
           state.step -= skipped; state.skipped_steps += skipped
           the schedule set at state.step; the log window gets the reading;
           the divergence guard looks at the streak;
@@ -90,7 +91,7 @@ class Trainer:
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
         self.update = Updater(model, self.optimizer, self.scaler, cfg.optim, device)
-        self.meter = UpdateMeter(device)
+        self.meter = UpdateMeter(device, dist_info.world_size)  # under DDP its reads sum every rank's
         self.read_every_update = False  # read after every update (a streak of skipped ones is under way)
         self.last_reading: dict[str, float] = {"last_applied": 0.0, "grad_norm": 0.0}
         self.trim_heap = HeapTrimmer(self.tc.heap_slack_gb if device.type == "cpu" else None)
@@ -100,9 +101,8 @@ class Trainer:
             after_batch=self.trim_heap)
         self.ddp = wrapped_in_ddp(model, device)  # DDP itself, whose `no_sync` `train_step` holds
         self.forward = TrainForward(model, self.ddp or model, self.tc.precision, device, self.tc.compile)
-        self.net: torch.nn.Module = self.forward.net  # what runs the forward: model, DDP, DDP compiled
         run_dir = Path(self.tc.run_dir)
-        self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
+        self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device)
         self.signals = StopSignal(run_dir / "checkpoints")
         self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision, model.cfg.vocab_size)
 
@@ -234,7 +234,7 @@ class Trainer:
         """One optimizer update over `batches` (gradient accumulation), read nowhere: counted
         as applied until `read_and_recount` reads whether it was. Returns its metrics: `loss_sum`,
         `nll_sum`, `grad_norm`, `applied` (device tensors), `tokens` (an int, this rank's)."""
-        self.net.train()
+        self.forward.net.train()  # what runs the forward: model, DDP, DDP compiled
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # shapes: known on the host
         norm = token_normaliser(n_tokens, self.dist, self.device)
         loss_sum = nll_sum = 0
@@ -253,7 +253,6 @@ class Trainer:
                    "applied": applied, "tokens": n_tokens}
         scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
         self.meter.add(metrics, self.guard.counts(applied, scale))
-        self.guard.first_update(loss_sum, n_tokens)
         return metrics
 
     def validate(self) -> dict[str, DevResult]:
