@@ -38,9 +38,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.config import DecodeConfig
 from transformer.data.corpus import read_lines
+from transformer.decoding import text as text_module
 from transformer.decoding.decoder_state import DecoderState
 from transformer.decoding.loading import load_for_inference
-from transformer.decoding import text as text_module
 from transformer.decoding.text import translate_nbest
 
 VIEWS = frozenset({"view", "transpose", "unsqueeze", "slice", "expand", "t", "_unsafe_view",
@@ -174,7 +174,7 @@ def _run(model, tokenizer, device, lines, cfg, batches: list[dict], counting: bo
 def profile(checkpoint: str, lines: list[str], device: str = "auto", methods=("beam", "greedy"),
             beam_size: int = 5, batch_tokens: int | None = None, dtype: str | None = "auto",
             json_path: Path | None = None, expandable: bool = False,
-            compile_modes: tuple[str, ...] = ("none",)) -> dict:
+            compile_modes: tuple[str, ...] = ("none",), count_ops: bool = True) -> dict:
     """The per-batch report for each method and compile mode: {method: {"batches": [...],
     "sent_per_s": x, ...}} for mode none, {f"{method}/{mode}": ...} for another mode, and
     "expandable_segments": {...} (a child's report, with `expandable`)."""
@@ -204,7 +204,7 @@ def profile(checkpoint: str, lines: list[str], device: str = "auto", methods=("b
                 entry["warm_sent_per_s"] = round(sum(b["sentences"] for b in rest)
                                                  / (sum(b["ms"] for b in rest) / 1000), 1)
             save()
-            if mode == "none":  # host ops: the eager step's (a dispatch mode runs compiled code eagerly)
+            if mode == "none" and count_ops:  # host ops: the eager step's (a dispatch mode runs compiled code eagerly)
                 _run(model, tokenizer, torch_device, lines, cfg, batches, counting=True, save=save)
     if expandable and torch_device.type == "cuda":
         report["expandable_segments"] = _child(checkpoint, lines, device, methods, beam_size,
@@ -239,6 +239,7 @@ def main() -> None:
     parser.add_argument("--expandable", action="store_true",
                         help="also the timed pass under expandable_segments:True (CUDA)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--no-ops", action="store_true", help="skip the pass counting host ops")
     parser.add_argument("--compile", default="none",
                         help="decode.compile modes, each a run: none,reduce-overhead,...")
     args = parser.parse_args()
@@ -246,7 +247,7 @@ def main() -> None:
     lines = lines[:args.lines] if args.lines else lines
     report = profile(args.checkpoint, lines, args.device, tuple(args.methods.split(",")),
                      args.beam_size, args.batch_tokens, None if args.dtype == "None" else args.dtype,
-                     args.json, args.expandable, tuple(args.compile.split(",")))
+                     args.json, args.expandable, tuple(args.compile.split(",")), not args.no_ops)
     print(json.dumps(report))
 
 

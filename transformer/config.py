@@ -26,6 +26,7 @@ from transformer.bounds import (
     MAX_BEAM_SIZE,
     MAX_NO_REPEAT_NGRAM,
     MAX_POSITIONS,
+    MAX_SYNC_EVERY,
     worker_limit,
 )
 from transformer.errors import ConfigError
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")  # decode.compile
-MAX_SYNC_EVERY = 64  # decode.sync_every: done rows decode this many steps at most for nothing
 MAX_PAD_TO_MULTIPLE = 64  # data.pad_to_multiple: beyond it padding costs more than shapes save
 MAX_PREFETCH_BATCHES = 64  # data.prefetch_batches: batches held in host memory
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
@@ -331,11 +331,6 @@ class TrainerConfig:
             require(value is None or value > 0, f"{prefix}.{name}", value, "must be > 0 (or null)")
         require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                 f"choose one of {', '.join(PRECISIONS)}")
-        require(self.compile in COMPILE_MODES, f"{prefix}.compile", self.compile,
-                f"choose one of {', '.join(COMPILE_MODES)}")
-        positive(f"{prefix}.sync_every", self.sync_every, optional=True)
-        if self.sync_every is not None:
-            _at_most(f"{prefix}.sync_every", self.sync_every, MAX_SYNC_EVERY)
         check_device(f"{prefix}.device", self.device)
         positive(f"{prefix}.seed", self.seed, minimum=0)
         require(bool(self.run_dir), f"{prefix}.run_dir", self.run_dir, "must name a directory")
@@ -425,6 +420,11 @@ class DecodeConfig:
         _at_most(f"{prefix}.no_repeat_ngram_size", self.no_repeat_ngram_size, MAX_NO_REPEAT_NGRAM)
         require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                 f"choose one of {', '.join(PRECISIONS)}")
+        require(self.compile in COMPILE_MODES, f"{prefix}.compile", self.compile,
+                f"choose one of {', '.join(COMPILE_MODES)}")
+        positive(f"{prefix}.sync_every", self.sync_every, optional=True)
+        if self.sync_every is not None:
+            _at_most(f"{prefix}.sync_every", self.sync_every, MAX_SYNC_EVERY)
 
 
 @dataclass

@@ -53,7 +53,7 @@ def test_the_cache_estimate_is_what_a_searchs_cache_holds(method, lengths, monke
                         or _r(self, *a))
     with torch.inference_mode():
         search(model, src, decode)
-    measured = max(held + [caches[0].nbytes()])
+    measured = max([*held, caches[0].nbytes()])
     max_len = min(cfg.max_positions - 1, int(decode.max_len_a * width + decode.max_len_b))
     beam = decode.beam_size if method == "beam" else 1
     estimate = batch_memory.decode_cache_bytes(cfg, len(lengths), width, beam, max_len, 4)

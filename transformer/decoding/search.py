@@ -50,8 +50,8 @@ import torch.nn.functional as F
 
 from transformer.config import DecodeConfig
 from transformer.decoding.constraints import ConstrainedSteps, Constraints
-from transformer.decoding.finished import Finished, Hypothesis, length_penalty
 from transformer.decoding.decoder_state import DecoderState
+from transformer.decoding.finished import Finished, Hypothesis, length_penalty
 
 __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "length_penalty",
            "logsumexp", "max_lengths", "search"]
