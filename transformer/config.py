@@ -290,9 +290,10 @@ class TrainerConfig:
     # native bf16 (AVX512-BF16, AMX), else fp32 | fp32 | bf16 | fp16 (CUDA only)
     precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # torch.compile the forward and the loss; null: on for CUDA (few kernels where eager is
-    # launch-bound), off elsewhere (a CPU's first compile of a large model takes minutes)
-    compile: bool | None = None
+    # torch.compile the forward and the loss; null: on for CUDA, off elsewhere. Off by
+    # default: on an H200 the GPU recipe's first compiled update had not finished compiling
+    # after 395 s (docs/results.md, "On a GPU"), and a CPU's first compile takes minutes
+    compile: bool | None = False
     seed: int = 1  # random seed: initial weights, batch order, dropout
     # Where checkpoints, logs and config.yaml go. mt-train makes it Hydra's output directory
     # (configs/train.yaml: hydra.run.dir follows it; a sweep gives each job a subdirectory).
