@@ -10,9 +10,10 @@ A checkpoint is a directory:
                         (loaded with torch.load(weights_only=True); optional)
 `model.*`, `tokenizer.model` and `config.yaml` are all that translating needs.
 
-Writes are atomic: everything goes to `<name>.tmp-<pid>/`, which is renamed into place
-only when complete, so a crash or Ctrl-C mid-write leaves the previous checkpoints intact;
-replacing an existing `<name>` moves it to `<name>.old-<pid>/` first and deletes it last.
+Writes are atomic (`atomic_files.put_in_place`): everything goes to `<name>.tmp-<pid>/`,
+which is renamed into place only when complete, so a crash or Ctrl-C mid-write leaves the
+previous checkpoints intact; replacing an existing `<name>` moves it to `<name>.old-<pid>/`
+first and deletes it last. Files and folders follow the user's umask.
 `recover_interrupted_writes` finishes or undoes what a crash left of that. A second
 checkpoint of the same weights (the trainer's `best` beside its `step_N`) is made of hard
 links to the first's files (`save_checkpoint(also=...)`), put in place just before it.
@@ -35,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model as load_safetensors
 from safetensors.torch import save_model as save_safetensors
 
+from transformer.atomic_files import follow_umask, put_in_place
 from transformer.config import ModelConfig
 from transformer.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from transformer.errors import UserError, writing
@@ -97,24 +99,12 @@ def save_checkpoint(
 
 @contextlib.contextmanager
 def _put_in_place(path: Path) -> Iterator[Path]:
-    """Yield `<name>.tmp-<pid>` (not yet made) to fill; when the block ends without an
-    error, it becomes `path`, an existing `path` moving to `<name>.old-<pid>` first and
-    deleted last. A failure puts back what was there."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    old = path.with_name(f"{path.name}.old-{os.getpid()}")
-    try:  # a full disk, no permission: one line, and the previous checkpoints stay as they were
-        with writing(path):
-            yield tmp
-            if path.exists():
-                path.rename(old)
-            tmp.rename(path)
-    except Exception:  # (a Ctrl-C or a kill leaves it to `recover_interrupted_writes`)
-        if old.exists() and not path.exists():
-            old.rename(path)  # the rename in between failed: the previous copy goes back
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    """`atomic_files.put_in_place` with the names `recover_interrupted_writes` knows
+    (`<name>.tmp-<pid>`, `<name>.old-<pid>`), a full disk or a missing permission as one
+    line naming the checkpoint: the previous checkpoint stays as it was. (A Ctrl-C or a
+    kill between the renames leaves it to `recover_interrupted_writes`.)"""
+    with writing(path), put_in_place(path) as tmp:
+        yield tmp
 
 
 def _link_files(src: Path, dst: Path, leave_out: str) -> None:
@@ -139,9 +129,10 @@ def write_checkpoint_files(
     trainer_state: dict[str, Any] | None = None,
 ) -> None:
     """A checkpoint's files in `folder` (made, with its parents), not atomically: callers
-    write into a temporary folder and rename it (`save_checkpoint`, `atomic_files.write_dir`)."""
+    write into a temporary folder and rename it (`save_checkpoint`, `outputs.write_dir`)."""
     folder.mkdir(parents=True)
     save_safetensors(model, str(folder / WEIGHTS))  # handles the tied embedding matrices
+    follow_umask(folder / WEIGHTS)  # safetensors writes it owner-only, through a temporary file
     (folder / MODEL_CFG).write_text(json.dumps(asdict(model.cfg), indent=2))
     (folder / TOKENIZER).write_bytes(tokenizer.proto)
     (folder / RUN_CFG).write_text(run_config_yaml)

@@ -34,7 +34,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from transformer import atomic_files, outputs
+from transformer import outputs
 from transformer.commands import cli
 from transformer.config import (
     ConfigError,
@@ -145,7 +145,7 @@ def write_lines(lines: Iterable[list[str]], out: outputs.Output | None) -> None:
     """Each group of output lines as it comes: to stdout, flushed per group, or into the
     output file, which is put in place (whole) when the last group is written."""
     if out is not None:
-        with atomic_files.write_file(out) as tmp, tmp.open("w", encoding="utf-8") as f:
+        with outputs.write_file(out) as tmp, tmp.open("w", encoding="utf-8") as f:
             for group in lines:
                 f.writelines(f"{line}\n" for line in group)
         return

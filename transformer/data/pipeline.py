@@ -15,11 +15,11 @@ Batching lives in `batching.py`, reading corpora in `corpus.py`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -33,7 +33,7 @@ import datasets
 import numpy as np
 
 from transformer import outputs
-from transformer.atomic_files import atomic_write
+from transformer.atomic_files import atomic_write, put_in_place
 from transformer.config import DataConfig
 from transformer.data import corpus
 from transformer.data.batching import batching_statistics, token_lengths
@@ -191,8 +191,9 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
     with timer("vocabulary"):
         tokenizer, spm_path = _tokenizer(cfg, {name: splits["train"] for name, splits in corpora.items()})
     final = project_path(cfg.cache_dir) / f"prepared-{key}"
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
+    # a folder another process completed first (a DDP rank) is kept; one left half-made is replaced
+    with put_in_place(final, f".{final.name}.tmp-{os.getpid()}",
+                      replace=lambda found: not (found / "meta.json").exists()) as tmp:
         with timer("encode"):
             sizes = {}
             with SplitWriter(tmp / "train" / ARROW) as train:
@@ -212,12 +213,6 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
                     "weights": [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None,
                     "sha256": {shard: _sha256(tmp / shard) for shard in _shards(list(sizes))}}
             (tmp / "meta.json").write_text(json.dumps(meta))
-            if final.exists() and not (final / "meta.json").exists():
-                shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
-            with contextlib.suppress(OSError):  # a DDP rank saved the same data first: keep theirs
-                tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     prepared = _load_prepared(cfg, key)  # memory-mapped, identical to what a cached run returns
     assert prepared is not None
     prepared.from_cache = False
