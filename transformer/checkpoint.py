@@ -5,10 +5,12 @@ A checkpoint is a directory:
     model.json          the ModelConfig
     tokenizer.model     the SentencePiece model
     config.yaml         the resolved run config
-    meta.json           step, epoch, dev scores, time
+    meta.json           step, epoch, dev scores, time, the tokenizer's SHA-256
     trainer_state.pt    optimizer, scheduler, grad scaler, RNG states, data position
                         (loaded with torch.load(weights_only=True); optional)
-`model.*`, `tokenizer.model` and `config.yaml` are all that translating needs.
+`model.*`, `tokenizer.model` and `config.yaml` are all that translating needs. `load_model`
+checks tokenizer.model against the SHA-256 meta.json records: a tokenizer changed after the
+checkpoint was written is refused in one line, not decoded with.
 
 Writes are atomic (`atomic_files.put_in_place`): everything goes to `<name>.tmp-<pid>/`,
 which is renamed into place only when complete, so a crash or Ctrl-C mid-write leaves the
@@ -22,6 +24,7 @@ links to the first's files (`save_checkpoint(also=...)`), put in place just befo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -36,7 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model as load_safetensors
 from safetensors.torch import save_model as save_safetensors
 
-from transformer.atomic_files import follow_umask, put_in_place
+from transformer.atomic_files import follow_umask, put_in_place, read_json
 from transformer.config import ModelConfig
 from transformer.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from transformer.errors import UserError, writing
@@ -47,6 +50,7 @@ WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
     "model.safetensors", "model.json", TOKENIZER_FILE, "config.yaml", "meta.json",
     "trainer_state.pt",
 )
+TOKENIZER_SHA256 = "tokenizer_sha256"  # meta.json's record of tokenizer.model's SHA-256
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +138,10 @@ def write_checkpoint_files(
     save_safetensors(model, str(folder / WEIGHTS))  # handles the tied embedding matrices
     follow_umask(folder / WEIGHTS)  # safetensors writes it owner-only, through a temporary file
     (folder / MODEL_CFG).write_text(json.dumps(asdict(model.cfg), indent=2))
-    (folder / TOKENIZER).write_bytes(tokenizer.proto)
+    proto = tokenizer.proto
+    (folder / TOKENIZER).write_bytes(proto)
     (folder / RUN_CFG).write_text(run_config_yaml)
+    meta = {**meta, TOKENIZER_SHA256: hashlib.sha256(proto).hexdigest()}  # checked by `load_model`
     (folder / META).write_text(json.dumps(meta, indent=2))
     if trainer_state is not None:
         torch.save(trainer_state, folder / STATE)
@@ -162,8 +168,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
 
     Raises:
         CheckpointError: the directory or one of the three files is missing or corrupt,
-            or the tokenizer's size is not the model's vocab_size (the message names the
-            file).
+            the tokenizer is not the one meta.json records (its SHA-256), or its size is
+            not the model's vocab_size (the message names the file).
     """
     path = Path(path)
     cfg = load_model_config(path)
@@ -175,7 +181,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
     except (SafetensorError, RuntimeError, OSError) as e:
         raise CheckpointError(f"corrupt weights {path / WEIGHTS}: {e}") from e
     try:
-        tokenizer = Tokenizer.from_proto(_require(path, TOKENIZER).read_bytes())
+        proto = _require(path, TOKENIZER).read_bytes()
+        _check_tokenizer_digest(path, proto)
+        tokenizer = Tokenizer.from_proto(proto)
     except CheckpointError:
         raise
     except Exception as e:
@@ -185,6 +193,16 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
             f"{path / TOKENIZER} has {tokenizer.vocab_size} pieces but the model in {path} has "
             f"vocab_size={cfg.vocab_size}: the tokenizer does not belong to this checkpoint")
     return model.to(device).eval(), tokenizer
+
+
+def _check_tokenizer_digest(path: Path, proto: bytes) -> None:
+    """Refuse a tokenizer.model whose SHA-256 is not the one the checkpoint's meta.json
+    records (a checkpoint that records none, or has no readable meta.json, is not checked)."""
+    recorded = read_json(path / META).get(TOKENIZER_SHA256)
+    if isinstance(recorded, str) and hashlib.sha256(proto).hexdigest() != recorded:
+        raise CheckpointError(f"{path / TOKENIZER} is not the tokenizer this checkpoint was written with "
+                              f"(its SHA-256 differs from the one {path / META} records): every id would "
+                              "decode to another piece; put back the checkpoint's own tokenizer.model")
 
 
 def load_model_config(path: str | Path) -> ModelConfig:

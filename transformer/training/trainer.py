@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
 from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
-from transformer.data.pipeline import PreparedData
+from transformer.data.prepared_cache import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
 from transformer.training.distributed import DistInfo, any_rank, token_normaliser
