@@ -9,7 +9,8 @@ ids in the prepared-data cache (`SplitWriter`), on the processes of `workers.py`
 `prepared_cache.py` writes and opens a folder of the prepared-data cache, checking every
 file it holds against the checksums recorded in it. At training
 time `mixture.py` samples from several corpora and `batching.py` makes token-based batches
-bucketed by length. `sentences.py` splits a user's line into the sentences the model was
+bucketed by length; `epoch_resume.py` continues an epoch under other batching settings
+with the pairs it has not seen yet. `sentences.py` splits a user's line into the sentences the model was
 trained on (scripts/studies/paragraphs.py joins a test set's lines into paragraphs to measure it).
 
 May import: the top-level `transformer.config`, `errors`, `paths`, `bounds`, `outputs`;

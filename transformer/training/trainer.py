@@ -81,14 +81,14 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
-        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
-                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, pad_to_multiple=self.pad_to)
         self.train_ids = TokenIds(data.train, model.cfg.vocab_size)  # numpy: batches built without the GIL
         self.sampler = TokenBatchSampler(
             *self.train_ids.lengths(), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
+        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
+                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, sampler=self.sampler)
         self.update = Updater(model, self.optimizer, self.scaler, cfg.optim, device)
         self.meter = UpdateMeter(device)
         self.read_every_update = False  # read after every update (a streak of skipped ones is under way)
@@ -144,7 +144,7 @@ class Trainer:
                     log.info("max_hours=%s reached at step %d", tc.max_hours, s.step)
                     break
                 self.train_step([b for _, _, b in micro])
-                s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
+                s.at(epoch, index + 1)  # position of the next batch
                 s.train_seconds += time.perf_counter() - t0
                 self.trim_heap()
                 if not self._due():
