@@ -93,7 +93,7 @@ class Output:
 
     def refuse(self, why: str) -> OutputError:
         setting = f"{self.key} {self.value}" if self.key.startswith("-") else f"{self.key}={self.value}"
-        shown = "" if str(self.path) == self.value else f"{self.path} "
+        shown = "" if str(self.path) in (self.value, ".") else f"{self.path} "
         return OutputError(f"{setting}: {shown}{why}")
 
 
@@ -103,6 +103,8 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
     same_as: the text a file output will hold, if known: a file that holds exactly that
     already loses nothing (`write_text` leaves it as it is).
     """
+    if not out.value.strip():  # Path("") is ".", the working directory
+        raise out.refuse(f"empty: name a {'directory' if out.is_dir else 'file'}")
     check_place(out, inputs)
     if not out.path.exists() and not out.path.is_symlink():
         return
@@ -211,6 +213,8 @@ def check_input(value: str | os.PathLike | None, key: str, is_dir: bool = False)
         return
     path = Path(value).expanduser()
     kind = "directory" if is_dir else "file"
+    if not str(value).strip():  # Path("") is ".", the working directory
+        raise ConfigError(f"{key}={value}: empty; give a {kind}")
     if not path.exists():
         raise ConfigError(f"{key}={value}: no such {kind}")
     if path.is_dir() != is_dir:

@@ -152,7 +152,7 @@ class Trainer:
                 # a skipped update advances nothing, but the stop signal is still heeded
                 if self.read_and_recount()["last_applied"]:
                     if s.step % tc.log_every == 0:
-                        self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0])
+                        self.logbook.train(s, self.last_reading, self.update.lr_of(s.step))  # the update's own lr
                     if s.step % tc.val_every == 0:
                         early_stop = self._validate_and_save()
                     elif tc.save_every and s.step % tc.save_every == 0:
