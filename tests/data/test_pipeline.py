@@ -382,6 +382,17 @@ def test_missing_file_and_unknown_corpus(tmp_path) -> None:
         prepare_data(make_cfg(tmp_path, name="wmt"))
 
 
+def test_a_training_corpus_that_is_a_stream_is_refused_saying_why(tmp_path) -> None:
+    """A FIFO exists (it was "not found"); preparation reads a corpus more than once, which
+    a stream does not allow: refused in one line that says so."""
+    fifo = tmp_path / "train.it"
+    os.mkfifo(fifo)
+    tgt = write_lines(tmp_path / "train.en", ["Hi"])
+    with pytest.raises(DataError, match=rf"^{fifo}: not a regular file \(a FIFO, .*\): preparation reads a "
+                                        r"corpus more than once; give a file$"):
+        prepare_data(make_cfg(tmp_path, name="files", train_src=str(fifo), train_tgt=str(tgt)))
+
+
 # --- caching -------------------------------------------------------------------------
 
 

@@ -303,7 +303,9 @@ def _source_key(cfg: DataConfig) -> str | None:
             return None
         for p in (p for paths in files.values() for p in paths):
             if not p.is_file():
-                raise DataError(f"corpus file not found: {p}")
+                raise DataError(f"corpus file not found: {p}" if not p.exists() else
+                                f"{p}: not a regular file (a FIFO, a device, a process substitution <(...)): "
+                                "preparation reads a corpus more than once; give a file")
             st = p.stat()
             stamps.append((str(p.resolve()), st.st_size, st.st_mtime_ns))
     return hashlib.sha256(json.dumps([_settings(cfg), stamps]).encode()).hexdigest()[:16]
