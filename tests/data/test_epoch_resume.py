@@ -3,7 +3,7 @@ not seen (transformer/data/epoch_resume.py): for each setting that shapes the ba
 (data.max_tokens, data.bucket_chunk, data.pad_to_multiple, trainer.seed, the number of
 ranks), for chains of changes within one epoch, and for a mix of corpora (whose epoch
 draws some pairs twice), every pair of the epoch is seen as often as the epoch draws it;
-a new seed takes effect at the next epoch."""
+a new seed takes effect at the next epoch; other training data starts the epoch again."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from transformer.data.batching import TokenBatchSampler
-from transformer.data.epoch_resume import continue_epoch, resumed_position
+from transformer.data.epoch_resume import changes, continue_epoch, resumed_position
 from transformer.data.mixture import CorpusMixture
 
 N = 3000
-BASE = {"seed": 1, "max_tokens": 600, "bucket_chunk": 20, "pad_to_multiple": 1, "world_size": 1}
+BASE = {"seed": 1, "max_tokens": 600, "bucket_chunk": 20, "pad_to_multiple": 1, "world_size": 1, "pairs": N}
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +126,13 @@ def test_a_resume_after_the_last_batch_of_an_epoch_goes_on_with_the_next(lengths
     continue_epoch(other, 0, parts)
     assert len(other.batches(0)) == 0 and list(other.iter_from(0, index)) == []
     assert other.batches(1) == sampler(lengths, {**BASE, "max_tokens": 300}).batches(1)
+
+
+def test_other_training_data_has_no_plan_to_rebuild_and_starts_the_epoch_again(lengths):
+    """The same tokenizer over other pairs (data.max_len changed): the saved plan cannot
+    be rebuilt over them, so the epoch starts again rather than fail or guess."""
+    fewer = tuple(side[:2000] for side in lengths)
+    s = sampler(fewer, BASE)
+    assert s.settings["pairs"] == 2000
+    assert resumed_position(7, [{**BASE, "batches": 3}], BASE, s.settings) == (0, [])
+    assert changes(BASE, s.settings) == [f"the training pairs {N} -> 2000"]

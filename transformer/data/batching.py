@@ -370,7 +370,7 @@ class TokenBatchSampler:
     def settings(self) -> dict[str, int]:
         """What shapes the batches of an epoch, as a checkpoint records it (`epoch_resume`)."""
         return {"seed": self.seed, "max_tokens": self.max_tokens, "bucket_chunk": self.bucket_chunk,
-                "pad_to_multiple": self.pad_to_multiple, "world_size": self.world_size}
+                "pad_to_multiple": self.pad_to_multiple, "world_size": self.world_size, "pairs": len(self.sizes)}
 
     def epoch_order(self, epoch: int, seed: int | None = None) -> tuple[np.ndarray, np.random.Generator]:
         """The rows `epoch` draws, in the order it draws them (a permutation, or the

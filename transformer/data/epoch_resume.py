@@ -12,7 +12,9 @@ epoch are kept in the state (`parts`, one per change, each with the global batch
 took), so that a second change in the same epoch rebuilds the chain again.
 
 A new `trainer.seed` draws another order: mid-epoch it takes effect at the next epoch,
-and the current epoch goes on in the order its own seed drew (`parts[0]`'s).
+and the current epoch goes on in the order its own seed drew (`parts[0]`'s). Training
+data with another number of pairs (data.max_len changed, say, the tokenizer kept) has
+no earlier plan to rebuild: the epoch starts again from its first batch.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import numpy as np
 
 from transformer.data.batching import SRC_EXTRA, TGT_EXTRA, TokenBatchSampler
 
-SETTINGS = ("seed", "max_tokens", "bucket_chunk", "pad_to_multiple", "world_size")
+SETTINGS = ("seed", "max_tokens", "bucket_chunk", "pad_to_multiple", "world_size", "pairs")
 # the keys a user changes, for messages
 KEYS = {"seed": "trainer.seed", "max_tokens": "data.max_tokens", "bucket_chunk": "data.bucket_chunk",
-        "pad_to_multiple": "data.pad_to_multiple", "world_size": "the number of processes"}
+        "pad_to_multiple": "data.pad_to_multiple", "world_size": "the number of processes",
+        "pairs": "the training pairs"}
 
 
 def resumed_position(batch_index: int, parts: list[dict], saved: dict, now: dict) -> tuple[int, list[dict]]:
@@ -40,12 +43,20 @@ def resumed_position(batch_index: int, parts: list[dict], saved: dict, now: dict
 
     Returns:
         The same position when nothing changed or the saved batching took nothing yet;
-        else batch 0 of a plan of the unseen pairs, the saved batching one more part.
+        batch 0 and no parts when the training data changed (`data_changed`); else
+        batch 0 of a plan of the unseen pairs, the saved batching one more part.
     """
     saved = {**now, **{k: v for k, v in saved.items() if k in SETTINGS}}
+    if data_changed(saved, now):
+        return 0, []
     if saved == now or batch_index == 0:
         return batch_index, parts
     return 0, [*parts, {**saved, "batches": batch_index * saved["world_size"]}]
+
+
+def data_changed(saved: dict, now: dict) -> bool:
+    """Whether the epoch's earlier plan cannot be rebuilt: the data has other pairs."""
+    return saved.get("pairs", now["pairs"]) != now["pairs"]
 
 
 def changes(saved: dict, now: dict) -> list[str]:

@@ -175,6 +175,10 @@ class Checkpoints:
         left = epoch_resume.continue_epoch(self.sampler, state.epoch, state.epoch_parts)
         if not changed:
             return
+        if epoch_resume.data_changed(saved, now):
+            log.warning("resumed with other training data (%s): epoch %d starts again from its first batch",
+                        ", ".join(changed), state.epoch)
+            return
         if not state.epoch_parts:
             log.info("resumed with other batching (%s) from the start of epoch %d", ", ".join(changed), state.epoch)
             return
