@@ -180,19 +180,30 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
         raise
     except (SafetensorError, RuntimeError, OSError) as e:
         raise CheckpointError(f"corrupt weights {path / WEIGHTS}: {e}") from e
-    try:
-        proto = _require(path, TOKENIZER).read_bytes()
-        _check_tokenizer_digest(path, proto)
-        tokenizer = Tokenizer.from_proto(proto)
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"corrupt tokenizer {path / TOKENIZER}: {e}") from e
+    tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size != cfg.vocab_size:
         raise CheckpointError(
             f"{path / TOKENIZER} has {tokenizer.vocab_size} pieces but the model in {path} has "
             f"vocab_size={cfg.vocab_size}: the tokenizer does not belong to this checkpoint")
     return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A checkpoint's tokenizer, checked against the SHA-256 its meta.json records.
+
+    Raises:
+        CheckpointError: tokenizer.model is missing, corrupt, or not the one the
+            checkpoint was written with (the message names it).
+    """
+    path = Path(path)
+    try:
+        proto = _require(path, TOKENIZER).read_bytes()
+        _check_tokenizer_digest(path, proto)
+        return Tokenizer.from_proto(proto)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"corrupt tokenizer {path / TOKENIZER}: {e}") from e
 
 
 def _check_tokenizer_digest(path: Path, proto: bytes) -> None:

@@ -42,7 +42,7 @@ from transformer.data.pipeline import load_test_set, prepare_data
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.paths import PROJECT_ROOT
 
-from helpers import compose_cfg, renamed_piece
+from helpers import compose_cfg, renamed_piece, tiny_checkpoint
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 
@@ -680,3 +680,22 @@ def test_a_damaged_cache_is_one_line_from_mt_prepare_and_mt_train(tmp_path, monk
         assert isinstance(e.value.code, str) and "\n" not in e.value.code
         assert e.value.code.startswith(f"{prog}: error: corrupt prepared-data cache {path}/meta.json ('sha256' is")
     assert not (tmp_path / "run").exists()  # refused before training: the run folder goes
+
+
+def test_a_given_checkpoints_tokenizer_is_checked_and_its_cached_copy_kept_whole(tmp_path) -> None:
+    """data.tokenizer=CHECKPOINT: its tokenizer.model is checked against the checkpoint's
+    recorded SHA-256; the cache's copy of it (spm-given-*.model), if changed, is written
+    again by the next preparation that uses it, as the folders prepared with it record."""
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    cfg = make_cfg(tmp_path, name="sample", tokenizer=str(ckpt))
+    prepared = prepare_data(cfg)
+    proto = (ckpt / "tokenizer.model").read_bytes()
+    assert prepared.tokenizer.proto == proto
+    (copy,) = (tmp_path / "cache").glob("spm-given-*.model")
+    copy.write_bytes(renamed_piece(proto)[0])
+    prepare_data(make_cfg(tmp_path, name="sample", tokenizer=str(ckpt), max_len=30))  # another folder: rewrites it
+    assert copy.read_bytes() == proto and prepare_data(cfg).tokenizer.proto == proto
+    (ckpt / "tokenizer.model").write_bytes(renamed_piece(proto)[0])
+    with pytest.raises(DataError, match=rf"^data.tokenizer={ckpt}: {ckpt}/tokenizer.model is not the tokenizer this "
+                                        r"checkpoint was written with \(its SHA-256 differs"):
+        prepare_data(make_cfg(tmp_path, name="sample", tokenizer=str(ckpt), max_len=40))

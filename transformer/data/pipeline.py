@@ -35,7 +35,7 @@ import datasets
 import numpy as np
 
 from transformer import outputs
-from transformer.atomic_files import atomic_write, file_sha256, put_in_place
+from transformer.atomic_files import atomic_write, file_sha256, put_in_place, read_json
 from transformer.config import DataConfig
 from transformer.data import corpus
 from transformer.data.batching import batching_statistics, token_lengths
@@ -194,12 +194,18 @@ def _count_raw(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]], stats
 
 def given_tokenizer(path: str) -> Tokenizer:
     """The SentencePiece model `data.tokenizer` names: a .model file, or a checkpoint
-    directory's tokenizer.model. A missing or unreadable one is a DataError naming it."""
+    directory's tokenizer.model (checked against the SHA-256 the checkpoint's meta.json
+    records). A missing, unreadable or changed one is a DataError naming it."""
     f = user_path(path)
+    recorded = None
     if f.is_dir():
+        recorded = read_json(f / "meta.json").get("tokenizer_sha256")
         f = f / "tokenizer.model"
     if not f.is_file():
         raise DataError(f"data.tokenizer={path}: no SentencePiece model at {f}")
+    if isinstance(recorded, str) and file_sha256(f) != recorded:
+        raise DataError(f"data.tokenizer={path}: {f} is not the tokenizer this checkpoint was written with "
+                        f"(its SHA-256 differs from the one {f.parent / 'meta.json'} records)")
     try:
         return Tokenizer.load(f)
     except Exception as e:
