@@ -2,7 +2,8 @@
 count of the host's reads, `device.HostReads`), and it learns what the simple eager loop
 learns (each update's loss and the weights against a reference written the plain way:
 `.item()`, an `if` on the gradient norm, `scheduler.step()`). In short debug runs: the
-logged loss is the window's token-weighted mean, accumulation equals one update on the
+logged loss is the window's token-weighted mean and the logged lr the update's own,
+accumulation equals one update on the
 union, patience and the last update's validation, `best` made of step_N's files (the
 weights written once), exact resume, SIGTERM saves and stops, a
 non-finite step is skipped, fp16 needs CUDA, an interrupted checkpoint write leaves the
@@ -36,7 +37,7 @@ from transformer.metrics.name_copy import NameCopy
 from transformer.model import dropout as dropout_module
 from transformer.model.attention import set_attention_path
 from transformer.training.loss import batch_loss
-from transformer.training.optimizer import build_optimizer, build_scheduler
+from transformer.training.optimizer import build_optimizer, build_scheduler, inverse_sqrt_lr
 from transformer.training.trainer import Trainer
 from transformer.training.validation import DevResult
 
@@ -318,6 +319,25 @@ def test_logged_loss_is_the_token_weighted_mean_of_the_window(tmp_path, monkeypa
     log_lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines()
                  if "step 5: loss" in line]
     assert f"step 5: loss {logged[5]:.3f}" in log_lines[0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_logged_lr_is_the_one_the_logged_update_ran_with(tmp_path, fused):
+    """TensorBoard's train/lr and the log line at step N give update N's lr, so the peak
+    (update warmup_steps's) appears; the fused update's own lr tensor says the same."""
+    trainer = run(tmp_path / "run", "trainer.max_steps=12", "trainer.log_every=1", "trainer.val_every=100",
+                  f"optim.fused={str(fused).lower()}")
+    peak, warmup = trainer.cfg.optim.lr, trainer.cfg.optim.warmup_steps
+    logged = dict(scalars(tmp_path / "run", "train/lr"))
+    assert sorted(logged) == list(range(1, 13))
+    for step, lr in logged.items():
+        assert lr == pytest.approx(inverse_sqrt_lr(step, peak, warmup), rel=1e-6), step
+    assert logged[warmup] == pytest.approx(peak, rel=1e-6) == max(logged.values())
+    if trainer.update.on_device:
+        assert float(trainer.update.lr) == pytest.approx(logged[12], rel=1e-6)  # what update 12 applied
+    line = next(line for line in (tmp_path / "run" / "train.log").read_text().splitlines()
+                if f"step {warmup}: loss" in line)
+    assert f"lr {peak:.2e}" in line
 
 
 def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):

@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
 from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
-from transformer.data.pipeline import PreparedData
+from transformer.data.prepared_cache import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
 from transformer.training.distributed import DistInfo, any_rank, token_normaliser
@@ -82,14 +82,14 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
-        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
-                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, pad_to_multiple=self.pad_to)
         self.train_ids = TokenIds(data.train, model.cfg.vocab_size)  # numpy: batches built without the GIL
         self.sampler = TokenBatchSampler(
             *self.train_ids.lengths(), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
+        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
+                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, sampler=self.sampler)
         self.update = Updater(model, self.optimizer, self.scaler, cfg.optim, device)
         self.meter = UpdateMeter(device, dist_info.world_size)  # under DDP its reads sum every rank's
         self.read_every_update = False  # read after every update (a streak of skipped ones is under way)
@@ -144,7 +144,7 @@ class Trainer:
                     log.info("max_hours=%s reached at step %d", tc.max_hours, s.step)
                     break
                 self.train_step([b for _, _, b in micro])
-                s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
+                s.at(epoch, index + 1)  # position of the next batch
                 s.train_seconds += time.perf_counter() - t0
                 self.trim_heap()
                 if not self._due():
@@ -152,7 +152,7 @@ class Trainer:
                 # a skipped update advances nothing, but the stop signal is still heeded
                 if self.read_and_recount()["last_applied"]:
                     if s.step % tc.log_every == 0:
-                        self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0])
+                        self.logbook.train(s, self.last_reading, self.update.lr_of(s.step))  # the update's own lr
                     if s.step % tc.val_every == 0:
                         early_stop = self._validate_and_save()
                     elif tc.save_every and s.step % tc.save_every == 0:
