@@ -122,3 +122,22 @@ def test_a_compiler_that_fails_leaves_decoding_eager(compile_with, monkeypatch, 
     warned = [r.getMessage() for r in caplog.records if r.name == decoder_state.__name__]
     assert len(warned) == 1 and "no C++ compiler found" in warned[0] and "eagerly" in warned[0]
     assert "\n" not in warned[0]
+
+
+def test_the_settings_reach_the_search_by_name(monkeypatch):
+    """decode.compile, decode.sync_every and decode.buckets, as a Translator keyword or a
+    Hydra key fills them, are what the search is given; buckets default to on only where
+    the step is compiled on a device type of `search.BUCKETS`."""
+    from transformer.decoding import search as search_module
+
+    given = []
+    monkeypatch.setattr(search_module, "greedy_search", lambda *a, **kw: given.append(kw) or [])
+    src = padded([3, 4], 0)
+    search_module.search(None, src, DecodeConfig(method="greedy"))
+    search_module.search(None, src, DecodeConfig(method="greedy", compile="reduce-overhead"))
+    monkeypatch.setattr(search_module, "BUCKETS", {"cuda", "cpu"})  # as if a GPU
+    search_module.search(None, src, DecodeConfig(method="greedy", compile="reduce-overhead"))
+    search_module.search(None, src, DecodeConfig(method="greedy", compile="default", buckets=False,
+                                                 sync_every=8))
+    assert [(kw["compile"], kw["buckets"], kw["sync_every"]) for kw in given] == [
+        (None, False, 1), ("reduce-overhead", False, 1), ("reduce-overhead", True, 1), ("default", False, 8)]
