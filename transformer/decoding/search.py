@@ -38,7 +38,8 @@ lenpen > 0 a live beam could in theory still overtake the K-th finished hypothes
 like fairseq we accept that in exchange for not running every sentence to max length.
 
 The search talks to the model only through `encode`, `decode` with a `DecoderCache`,
-and `model.cfg` (bos/eos/pad ids, max_positions), so a scripted fake model can stand in.
+and `model.cfg` (bos/eos/pad ids, max_positions), so a scripted fake model can stand in;
+a compiled step (`decode.compile`) runs `static_step` as well (`decoder_state.py`).
 """
 
 from __future__ import annotations

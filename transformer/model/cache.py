@@ -15,7 +15,7 @@ and Hugging Face's static caches are:
 - beam search's choice of rows gathers the positions written so far, not the whole length
   bound, into a spare buffer of the same shape (one `index_select`, no allocation).
 
-Two ways to step on it (`Transformer.decode` with a cache, `cached_log_probs`):
+Two ways to step on it (`Transformer.decode` with a cache, and `Transformer.static_step`):
 - eager: the position is a Python int and attention reads the written prefix, a view;
   after a reorder the spare buffer takes the first one's place.
 - static (`DecoderCache(static=True)`, what `torch.compile` traces): the position is a
