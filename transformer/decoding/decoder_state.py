@@ -53,6 +53,15 @@ def _mark(tensor: torch.Tensor, dims: tuple[int, ...], static: bool = False) -> 
     return tensor
 
 
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """What a compile that cannot be done raises (imported here, when it is raised: the
+    compiler's modules are loaded by torch.compile, not by this module)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    from torch._inductor.exc import InductorError
+
+    return BackendCompilerFailed, InductorError
+
+
 def _reason(error: BaseException) -> str:
     """The first line of what a failed compile says, from the error behind dynamo's wrapper."""
     inner = getattr(error, "inner_exception", None) or error.__cause__ or error
@@ -106,7 +115,7 @@ class DecoderState:
                 _mark(cache.cross, (0, 3)), _mark(cache.src_mask, (0, 3)), cache.embed, cache.qkv)
         try:
             out = self.step(self.model, *args)
-        except (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.InductorError) as e:
+        except _compile_errors() as e:
             logger.warning("decode.compile: compiling the decoder step failed (%s); decoding "
                            "eagerly", _reason(e))
             _COMPILED.update(dict.fromkeys(_COMPILED))  # every mode: the same compiler
