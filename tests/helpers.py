@@ -90,6 +90,24 @@ def tiny_checkpoint(path: Path, seed: int = 0, **model: int) -> Path:
     return save_checkpoint(path, build_model(cfg), tokenizer, "", {})
 
 
+def renamed_piece(proto: bytes) -> tuple[bytes, str, str]:
+    """A SentencePiece model with one piece renamed (its last letter changed, the length
+    kept): it still loads, and an id decodes to another piece (the probe's "▁is" -> "▁iz").
+    Returns the changed model, the old piece and the new one."""
+    tokenizer = Tokenizer.from_proto(proto)
+    pieces = {tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)}
+    for i in range(4, tokenizer.vocab_size):
+        old = tokenizer.id_to_piece(i)
+        if len(old) < 2 or not old[-1].isascii() or not old[-1].isalpha() or proto.count(old.encode()) != 1:
+            continue
+        new = next((p for c in "zqxjkwy" if (p := old[:-1] + c) not in pieces), None)
+        if new is not None:
+            changed = proto.replace(old.encode(), new.encode())
+            Tokenizer.from_proto(changed)  # loads: only a checksum tells
+            return changed, old, new
+    raise AssertionError("no piece to rename")
+
+
 @torch.no_grad()
 def end_sentences(model: Transformer, rate: float = 0.1) -> None:
     """Give EOS a constant logit that beats every other token at about `rate` of the steps,

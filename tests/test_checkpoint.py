@@ -1,14 +1,17 @@
 """Checkpoints written before a ModelConfig key was renamed still load; a missing or
 corrupt checkpoint is a clear error naming the file; a second checkpoint of the same
 weights (`also`) is hard links (copies without them), in place before the first, and a
-failed write leaves both previous ones."""
+failed write leaves both previous ones; a tokenizer changed after the checkpoint was
+written is refused by every loader."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +19,16 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import load_model, load_model_config, save_checkpoint
+from transformer.commands import translate
 from transformer.config import ModelConfig
 from transformer.data.corpus import read_lines
-from transformer.data.tokenizer import train_tokenizer
+from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.decoding.translator import Translator
 from transformer.errors import UserFileError
 from transformer.model.transformer import build_model
 from transformer.paths import PROJECT_ROOT
 
-from helpers import run, sample_tokenizer
+from helpers import renamed_piece, run, sample_tokenizer
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 
@@ -115,6 +120,30 @@ def test_a_failed_write_leaves_the_previous_checkpoint_and_also(tmp_path, monkey
         loaded, _ = load_model(tmp_path / name)
         for k, v in model.state_dict().items():
             assert torch.equal(v, loaded.state_dict()[k]), (name, k)
+
+
+def test_a_tokenizer_changed_after_the_checkpoint_was_written_is_refused(tmp_path, monkeypatch):
+    """A renamed piece still parses, and every id of it would decode as the new piece: the
+    SHA-256 meta.json records is checked by load_model, Translator.load and mt-translate,
+    each in one line naming the file."""
+    model, tok = tiny(0)
+    path = save_checkpoint(tmp_path / "best", model, tok, "", {"step": 1})
+    assert ckpt.load_meta(path)["tokenizer_sha256"] == hashlib.sha256(tok.proto).hexdigest()
+    load_model(path)  # as written: loads
+    changed, old, new = renamed_piece(tok.proto)
+    assert Tokenizer.from_proto(changed).id_to_piece(tok.piece_ids([old])[0]) == new  # silently another piece
+    (path / "tokenizer.model").write_bytes(changed)
+    refusal = rf"^{path}/tokenizer\.model is not the tokenizer this checkpoint was written with \(its SHA-256"
+    with pytest.raises(ckpt.CheckpointError, match=refusal):
+        load_model(path)
+    with pytest.raises(ckpt.CheckpointError, match=refusal):
+        Translator.load(path)
+    (tmp_path / "in.it").write_text("Ciao\n")
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={path}", f"input.file={tmp_path / 'in.it'}"])
+    with pytest.raises(SystemExit) as e:
+        translate.main()
+    assert isinstance(e.value.code, str) and "\n" not in e.value.code
+    assert e.value.code.startswith(f"mt-translate: error: {path}/tokenizer.model is not the tokenizer")
 
 
 # -- checkpoint=RUN_DIR -------------------------------------------------------------------

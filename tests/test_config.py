@@ -125,6 +125,9 @@ BAD_DECODE_SETTINGS = [
     (dict(lenpen=-0.5), "decode.lenpen=-0.5: must be >= 0"),
     (dict(method="sampling"), "decode.method='sampling': choose greedy or beam"),
     (dict(precision="int8"), "decode.precision='int8': choose one of auto, fp32, bf16, fp16"),
+    (dict(compile="fast"), "decode.compile='fast': choose one of none, default, reduce-overhead, max-autotune"),
+    (dict(sync_every=0), "decode.sync_every=0: must be >= 1"),
+    (dict(sync_every=65), "decode.sync_every=65: must be <= 64"),
 ]
 
 

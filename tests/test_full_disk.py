@@ -99,7 +99,7 @@ def test_a_checkpoint_save_on_a_full_disk_keeps_the_previous_copy(home, monkeypa
 
 
 def test_mt_translate_on_a_full_disk(home, monkeypatch):
-    monkeypatch.setattr(Path, "write_text", lambda self, *a, **k: _full(self))
+    monkeypatch.setattr(Path, "write_bytes", lambda self, *a, **k: _full(self))  # the marker's write
     before = snapshot(home)
     line = refused(monkeypatch, translate.main, "mt-translate", "checkpoint=a", "input.file=in.it",
                    "output=out.en", "decode=greedy", "progress=false")

@@ -30,6 +30,7 @@ def test_the_cpu_mode_runs_every_step_and_writes_the_json(tmp_path):
     assert {r["compile"] for r in steps["bench"]["results"]} == {False}  # compiling: GPU rows only
     train = steps["train"]
     assert train["updates"] == 16 and set(train["loss_at"]) == {"1", "5", "10", "16"}
+    assert train["first_compile_s"] is None and train["compile_error"] is None  # eager on a CPU
     # the profile of 10 updates, logged every 10: one read of the metrics (the GPU's code paths)
     assert train["host_syncs_per_update"] == 0.1 and train["aten_ops_per_update"] > 100
     assert train["kernel_launches_per_update"] is None and train["gpu_busy_fraction"] is None

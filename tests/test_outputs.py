@@ -191,6 +191,9 @@ TRANSLATE_REFUSED = [
     (["input.file=in.it", "output=runs/x"], "output=runs/x: is a run directory"),
     (["input.file=missing.it"], "input.file=missing.it: no such file"),
     (["input.file=userdir"], "input.file=userdir: is a directory; give a file"),
+    (["input.file="], "input.file=: empty; give a file"),
+    (["input.text=Ciao", "input.target_prefix_file="], "input.target_prefix_file=: empty; give a file"),
+    (["input.file=in.it", "output="], "output=: empty: name a file"),
 ]
 
 

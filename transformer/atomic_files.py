@@ -1,12 +1,22 @@
-"""Writing a command's output so that a failure or Ctrl-C loses nothing.
+"""Writing a file or a folder so that a failure or Ctrl-C loses nothing: one mechanism.
 
-`write_dir` and `write_file` write to a temporary sibling (`NAME.tmp-PID`, a name nothing
-holds yet) that is renamed into place only when complete; an earlier output being replaced
-is moved to a free `NAME.old-PID` first and deleted last, so a failure or Ctrl-C leaves it
-whole, and no name the command did not make is ever removed. Each checks the output again
-(`Output.recheck`: `outputs.check`, whose rules say what may be replaced) just before the rename, and marks
-it as the command's (`.mt-output` in a directory, `.mt-outputs.json` beside a file).
-`atomic_write` is for the files the package writes for itself, which no rule guards.
+`put_in_place(path)` yields a temporary sibling (`NAME.tmp-PID`, or another name nothing
+holds yet) for the caller to fill; when the block ends without an error, an earlier
+folder at `path` is moved aside to a free `NAME.old-PID`, the sibling is renamed to
+`path`, and what was moved aside is deleted last (a file is replaced by one rename, which
+is atomic). A failure anywhere leaves the earlier `path` whole and removes the sibling; a
+failure of the final rename puts back what was moved aside; no name the writer did not
+make is ever removed. A crash between the renames leaves `NAME.old-PID` and the complete
+`NAME.tmp-PID` behind (`checkpoint.recover_interrupted_writes` finishes such a swap in a
+run's checkpoints folder).
+
+Its users: the commands' outputs (`outputs.write_dir`, `write_file`, which add the output
+rules and markers), the checkpoint writer (`checkpoint.save_checkpoint`), the
+prepared-data cache's folders and `atomic_write`, for the files the package writes for
+itself (a tokenizer model, the cache's notes). Everything is made as the user's umask
+says, as any file a program writes: a cache or a checkpoint shared with a serving
+account is readable by it when the umask allows (`follow_umask` for what a library
+writes owner-only).
 """
 
 from __future__ import annotations
@@ -16,68 +26,63 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from transformer.errors import writing
-
-if TYPE_CHECKING:
-    from transformer.outputs import Output
-
-DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
-FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
 
 
 @contextlib.contextmanager
-def write_dir(out: Output) -> Iterator[Path]:
-    """Yield a temporary sibling path (not yet made) to fill; when the block ends without
-    an error, mark it as `out.command`'s and put it in place of `out.path`."""
-    tmp = _free_sibling(out.path, f"{out.path.name}.tmp-{os.getpid()}")
+def put_in_place(path: Path, stem: str | None = None, suffix: str = "",
+                 replace: bool | Callable[[Path], bool] = True) -> Iterator[Path]:
+    """Yield a temporary sibling path of `path` (not yet made) to fill, as a file or a
+    folder; when the block ends without an error, it becomes `path` (module docstring).
+
+    Args:
+        path: what is written.
+        stem, suffix: the sibling's name, `stem + suffix` (default `NAME.tmp-PID`); a name
+            already taken gets `.1`, `.2`... before the suffix (`free_sibling`).
+        replace: whether an existing `path` is replaced, or a test of it (the cache keeps
+            a complete folder another process put there first, and drops its own copy).
+    """
+    tmp = free_sibling(path, stem or f"{path.name}.tmp-{os.getpid()}", suffix)
     try:
-        with writing(out.path, out.key):  # a full disk: one line naming the output
-            _make_parents(out)
-            yield tmp
-            tmp.mkdir(exist_ok=True)
-            marker = {"command": out.command, "time": _now(), "files": sorted(p.name for p in tmp.iterdir())}
-            (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
-            out.recheck()  # again: something may have appeared meanwhile
-            _swap(tmp, out)
+        yield tmp
+        if not (tmp.exists() or tmp.is_symlink()):
+            raise FileNotFoundError(f"{tmp}: the writer made nothing to put in place")
+        keep = path.exists() and not (replace(path) if callable(replace) else replace)
+        if not keep:
+            _swap(tmp, path)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
 
 
-@contextlib.contextmanager
-def write_file(out: Output) -> Iterator[Path]:
-    """Yield a temporary sibling path (same suffix) to write; when the block ends without
-    an error, record it in the folder's marker and put it in place of `out.path`."""
-    tmp = _free_sibling(out.path, f".{out.path.stem}.tmp-{os.getpid()}", out.path.suffix)
+def _swap(tmp: Path, path: Path) -> None:
+    """`tmp` renamed to `path`: a file by one atomic rename; a folder (which a rename
+    cannot replace) after moving what is there aside, which goes back if the rename fails."""
+    if not (tmp.is_dir() or path.is_dir()):
+        os.replace(tmp, path)
+        return
+    if not (path.exists() or path.is_symlink()):
+        tmp.rename(path)
+        return
+    old = free_sibling(path, f"{path.name}.old-{os.getpid()}")
+    path.rename(old)
     try:
-        with writing(out.path, out.key):
-            _make_parents(out)
-            yield tmp
-            out.recheck()
-            # recorded before it is put in place: a marker that cannot be written (a full
-            # disk) leaves no output behind that the next run would take for a user's file
-            _record(out.path, {"command": out.command, "sha256": file_sha256(tmp)})
-            _swap(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+        tmp.rename(path)
+    except BaseException:
+        if not path.exists():
+            old.rename(path)  # the previous copy goes back
+        raise
+    _remove(old)
 
 
-def write_text(out: Output, text: str) -> Path:
-    """`text` (UTF-8) written to `out` as `write_file` does (a file that holds exactly
-    `text` already is left as it is); returns the path."""
-    if out.path.is_file() and not out.path.is_symlink() and file_sha256(out.path) == text_sha256(text):
-        return out.path
-    with write_file(out) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return out.path
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
-def _free_sibling(path: Path, stem: str, suffix: str = "") -> Path:
+def free_sibling(path: Path, stem: str, suffix: str = "") -> Path:
     """A name beside `path` that nothing holds now: `stem+suffix`, else `stem.N+suffix`
     (a user's file that happens to bear the first name is never touched)."""
     candidate, n = path.with_name(stem + suffix), 1
@@ -86,57 +91,37 @@ def _free_sibling(path: Path, stem: str, suffix: str = "") -> Path:
     return candidate
 
 
-def _make_parents(out: Output) -> None:
-    out.path.parent.mkdir(parents=True, exist_ok=True)
-
-
-def _swap(tmp: Path, out: Output) -> None:
-    """Rename tmp to out.path; what was there (checked: ours, or empty) is moved aside first
-    and deleted last."""
-    old = _free_sibling(out.path, f"{out.path.name}.old-{os.getpid()}")
-    if out.path.exists():
-        out.path.rename(old)
-    tmp.rename(out.path)
-    if old.is_dir():
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        old.unlink(missing_ok=True)
-
-
-def _record(path: Path, entry: dict) -> None:
-    """Note in the folder's marker that `path` is the command's; written atomically."""
-    markers = path.parent / FILE_MARKERS
-    known = read_json(markers)
-    known[path.name] = entry
-    tmp = _free_sibling(markers, f"{markers.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-        tmp.replace(markers)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so concurrent ranks never read half a file.
-
-    For the files the package writes for itself (a tokenizer model, the prepared-data
-    cache's notes), which `check` does not guard; a command's outputs go by `write_file`."""
+    """`data` written to `path` by `put_in_place` (a hidden `.NAME.tmp-PID` renamed into
+    place): a reader sees the old file or the new one, never half of one; its parents
+    are made. For the files the package writes for itself, which no output rule guards;
+    a command's outputs go by `outputs.write_file`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with put_in_place(path, f".{path.name}.tmp-{os.getpid()}") as tmp:
+        tmp.write_bytes(data)
+
+
+def umask() -> int:
+    """This process's umask, read without changing it where the system says it (Linux's
+    /proc); elsewhere set and restored at once."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Path) -> None:
+    """Give `path` the mode a file (or folder) made by `open` (or `mkdir`) gets: a library
+    that writes through its own temporary file (safetensors does) leaves it owner-only."""
+    full = 0o777 if path.is_dir() else 0o666
+    os.chmod(path, full & ~umask())
 
 
 def read_json(path: Path) -> dict:
+    """A JSON object from `path`; {} for none, an unreadable one or another JSON value."""
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError):  # none, unreadable or damaged: nothing is known to be ours
@@ -145,6 +130,7 @@ def read_json(path: Path) -> dict:
 
 
 def file_sha256(path: Path) -> str | None:
+    """The file's SHA-256 (hex); None if it cannot be read."""
     digest = hashlib.sha256()
     try:
         with path.open("rb") as f:

@@ -30,6 +30,9 @@ MAX_POSITIONS = 16384  # rows of the positional table: longer is a typo, not a m
 # vocabulary x 4 bytes, ~17 GB at 131,072 x 32,000) outgrow a CPU's memory before the first
 # update, as `4096000` (a typo of a few zeros) would.
 MAX_BATCH_TOKENS = 131072
+# `decode.sync_every`: steps between the search's reads of the live sentences; the rows
+# that finished meanwhile decode that many steps for nothing
+MAX_SYNC_EVERY = 64
 
 
 def cpu_cores() -> int:

@@ -5,14 +5,17 @@ A checkpoint is a directory:
     model.json          the ModelConfig
     tokenizer.model     the SentencePiece model
     config.yaml         the resolved run config
-    meta.json           step, epoch, dev scores, time
+    meta.json           step, epoch, dev scores, time, the tokenizer's SHA-256
     trainer_state.pt    optimizer, scheduler, grad scaler, RNG states, data position
                         (loaded with torch.load(weights_only=True); optional)
-`model.*`, `tokenizer.model` and `config.yaml` are all that translating needs.
+`model.*`, `tokenizer.model` and `config.yaml` are all that translating needs. `load_model`
+checks tokenizer.model against the SHA-256 meta.json records: a tokenizer changed after the
+checkpoint was written is refused in one line, not decoded with.
 
-Writes are atomic: everything goes to `<name>.tmp-<pid>/`, which is renamed into place
-only when complete, so a crash or Ctrl-C mid-write leaves the previous checkpoints intact;
-replacing an existing `<name>` moves it to `<name>.old-<pid>/` first and deletes it last.
+Writes are atomic (`atomic_files.put_in_place`): everything goes to `<name>.tmp-<pid>/`,
+which is renamed into place only when complete, so a crash or Ctrl-C mid-write leaves the
+previous checkpoints intact; replacing an existing `<name>` moves it to `<name>.old-<pid>/`
+first and deletes it last. Files and folders follow the user's umask.
 `recover_interrupted_writes` finishes or undoes what a crash left of that. A second
 checkpoint of the same weights (the trainer's `best` beside its `step_N`) is made of hard
 links to the first's files (`save_checkpoint(also=...)`), put in place just before it.
@@ -21,6 +24,7 @@ links to the first's files (`save_checkpoint(also=...)`), put in place just befo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -35,6 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model as load_safetensors
 from safetensors.torch import save_model as save_safetensors
 
+from transformer.atomic_files import follow_umask, put_in_place, read_json
 from transformer.config import ModelConfig
 from transformer.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from transformer.errors import UserError, writing
@@ -46,6 +51,7 @@ WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
     "trainer_state.pt",
 )
 CHECKPOINTS = "checkpoints"  # a run directory's folder of checkpoints
+TOKENIZER_SHA256 = "tokenizer_sha256"  # meta.json's record of tokenizer.model's SHA-256
 
 log = logging.getLogger(__name__)
 
@@ -98,24 +104,12 @@ def save_checkpoint(
 
 @contextlib.contextmanager
 def _put_in_place(path: Path) -> Iterator[Path]:
-    """Yield `<name>.tmp-<pid>` (not yet made) to fill; when the block ends without an
-    error, it becomes `path`, an existing `path` moving to `<name>.old-<pid>` first and
-    deleted last. A failure puts back what was there."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    old = path.with_name(f"{path.name}.old-{os.getpid()}")
-    try:  # a full disk, no permission: one line, and the previous checkpoints stay as they were
-        with writing(path):
-            yield tmp
-            if path.exists():
-                path.rename(old)
-            tmp.rename(path)
-    except Exception:  # (a Ctrl-C or a kill leaves it to `recover_interrupted_writes`)
-        if old.exists() and not path.exists():
-            old.rename(path)  # the rename in between failed: the previous copy goes back
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    """`atomic_files.put_in_place` with the names `recover_interrupted_writes` knows
+    (`<name>.tmp-<pid>`, `<name>.old-<pid>`), a full disk or a missing permission as one
+    line naming the checkpoint: the previous checkpoint stays as it was. (A Ctrl-C or a
+    kill between the renames leaves it to `recover_interrupted_writes`.)"""
+    with writing(path), put_in_place(path) as tmp:
+        yield tmp
 
 
 def _link_files(src: Path, dst: Path, leave_out: str) -> None:
@@ -140,12 +134,15 @@ def write_checkpoint_files(
     trainer_state: dict[str, Any] | None = None,
 ) -> None:
     """A checkpoint's files in `folder` (made, with its parents), not atomically: callers
-    write into a temporary folder and rename it (`save_checkpoint`, `atomic_files.write_dir`)."""
+    write into a temporary folder and rename it (`save_checkpoint`, `outputs.write_dir`)."""
     folder.mkdir(parents=True)
     save_safetensors(model, str(folder / WEIGHTS))  # handles the tied embedding matrices
+    follow_umask(folder / WEIGHTS)  # safetensors writes it owner-only, through a temporary file
     (folder / MODEL_CFG).write_text(json.dumps(asdict(model.cfg), indent=2))
-    (folder / TOKENIZER).write_bytes(tokenizer.proto)
+    proto = tokenizer.proto
+    (folder / TOKENIZER).write_bytes(proto)
     (folder / RUN_CFG).write_text(run_config_yaml)
+    meta = {**meta, TOKENIZER_SHA256: hashlib.sha256(proto).hexdigest()}  # checked by `load_model`
     (folder / META).write_text(json.dumps(meta, indent=2))
     if trainer_state is not None:
         torch.save(trainer_state, folder / STATE)
@@ -172,8 +169,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
 
     Raises:
         CheckpointError: the directory or one of the three files is missing or corrupt,
-            or the tokenizer's size is not the model's vocab_size (the message names the
-            file).
+            the tokenizer is not the one meta.json records (its SHA-256), or its size is
+            not the model's vocab_size (the message names the file).
     """
     path = Path(path)
     cfg = load_model_config(path)
@@ -184,17 +181,40 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
         raise
     except (SafetensorError, RuntimeError, OSError) as e:
         raise CheckpointError(f"corrupt weights {path / WEIGHTS}: {e}") from e
-    try:
-        tokenizer = Tokenizer.from_proto(_require(path, TOKENIZER).read_bytes())
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"corrupt tokenizer {path / TOKENIZER}: {e}") from e
+    tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size != cfg.vocab_size:
         raise CheckpointError(
             f"{path / TOKENIZER} has {tokenizer.vocab_size} pieces but the model in {path} has "
             f"vocab_size={cfg.vocab_size}: the tokenizer does not belong to this checkpoint")
     return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A checkpoint's tokenizer, checked against the SHA-256 its meta.json records.
+
+    Raises:
+        CheckpointError: tokenizer.model is missing, corrupt, or not the one the
+            checkpoint was written with (the message names it).
+    """
+    path = Path(path)
+    try:
+        proto = _require(path, TOKENIZER).read_bytes()
+        _check_tokenizer_digest(path, proto)
+        return Tokenizer.from_proto(proto)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"corrupt tokenizer {path / TOKENIZER}: {e}") from e
+
+
+def _check_tokenizer_digest(path: Path, proto: bytes) -> None:
+    """Refuse a tokenizer.model whose SHA-256 is not the one the checkpoint's meta.json
+    records (a checkpoint that records none, or has no readable meta.json, is not checked)."""
+    recorded = read_json(path / META).get(TOKENIZER_SHA256)
+    if isinstance(recorded, str) and hashlib.sha256(proto).hexdigest() != recorded:
+        raise CheckpointError(f"{path / TOKENIZER} is not the tokenizer this checkpoint was written with "
+                              f"(its SHA-256 differs from the one {path / META} records): every id would "
+                              "decode to another piece; put back the checkpoint's own tokenizer.model")
 
 
 def load_model_config(path: str | Path) -> ModelConfig:

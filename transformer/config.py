@@ -28,6 +28,7 @@ from transformer.bounds import (
     MAX_BEAM_SIZE,
     MAX_NO_REPEAT_NGRAM,
     MAX_POSITIONS,
+    MAX_SYNC_EVERY,
     worker_limit,
 )
 from transformer.errors import ConfigError
@@ -35,6 +36,7 @@ from transformer.errors import ConfigError
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")  # decode.compile
 MAX_PAD_TO_MULTIPLE = 64  # data.pad_to_multiple: beyond it padding costs more than shapes save
 MAX_PREFETCH_BATCHES = 64  # data.prefetch_batches: batches held in host memory
 CORPORA = ("tatoeba", "europarl", "iwslt2017", "opus100", "sample", "files")  # data.name, or mix
@@ -346,9 +348,10 @@ class TrainerConfig:
     device: str = "auto"
     """auto | cpu | cuda | cuda:N; auto: a GPU if there is one (under torchrun, the
     process's own), else the CPU."""
-    compile: bool | None = None
-    """torch.compile the forward and the loss; null: on for CUDA (few kernels where eager
-    is launch-bound), off elsewhere (a CPU's first compile of a large model takes minutes)."""
+    compile: bool | None = False
+    """torch.compile the forward and the loss; null: on for CUDA, off elsewhere. Off by
+    default: on an H200 the GPU recipe's first compiled update had not finished compiling
+    after 395 s (docs/results.md, "On a GPU"), and a CPU's first compile takes minutes."""
     seed: int = 1
     """Random seed: initial weights, batch order, dropout."""
     run_dir: str = "runs/default"
@@ -441,6 +444,15 @@ class DecodeConfig:
     split_sentences: bool = True
     """Split each line into sentences, translate them and join them again; false: lines
     are translated whole."""
+    compile: str = "none"
+    """The decoder step: none (eager) | default | reduce-overhead (CUDA graphs on a GPU) |
+    max-autotune, a torch.compile mode; the first batch pays for compiling it."""
+    sync_every: int | None = None
+    """Decoder steps between the host's reads of how many sentences are still live (the
+    finished ones leave then); null: 1 on a CPU, 4 on CUDA."""
+    buckets: bool | None = None
+    """Finished rows leave in powers of two (few shapes for a compiled step); null: on
+    where the step is compiled on a GPU."""
     max_tokens: int | None = None
     """The old name of batch_tokens, still accepted: moved there with a warning."""
 
@@ -486,6 +498,11 @@ class DecodeConfig:
         _at_most(f"{prefix}.no_repeat_ngram_size", self.no_repeat_ngram_size, MAX_NO_REPEAT_NGRAM)
         require(self.precision in PRECISIONS, f"{prefix}.precision", self.precision,
                 f"choose one of {', '.join(PRECISIONS)}")
+        require(self.compile in COMPILE_MODES, f"{prefix}.compile", self.compile,
+                f"choose one of {', '.join(COMPILE_MODES)}")
+        positive(f"{prefix}.sync_every", self.sync_every, optional=True)
+        if self.sync_every is not None:
+            _at_most(f"{prefix}.sync_every", self.sync_every, MAX_SYNC_EVERY)
 
 
 @dataclass

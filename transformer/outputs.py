@@ -19,21 +19,30 @@ naming the key the user typed:
   write), but for a checkpoint (mt-average's) put directly in a run's checkpoints folder
   under a name mt-train neither writes (`best`, `step_N`) nor tidies (`NAME.tmp-N`, `NAME.old-N`);
 - a path under a file, or under a folder that cannot be written.
-Then the command writes the output with `atomic_files` (`write_dir`, `write_file`,
-`write_text`), which checks it again, records it in its marker and renames it into place.
+Then the command writes the output with `write_dir`, `write_file` or `write_text`, which
+check it again just before it is put in place (`Output.recheck`: something may have
+appeared meanwhile), mark it as the command's (`.mt-output` in a directory,
+`.mt-outputs.json` beside a file) and put it in place by `atomic_files.put_in_place`: a
+failure or Ctrl-C leaves the earlier output whole.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer.atomic_files import DIR_MARKER, FILE_MARKERS, file_sha256, read_json, text_sha256
+from transformer.atomic_files import atomic_write, file_sha256, put_in_place, read_json, text_sha256
 from transformer.config import ConfigError
-from transformer.errors import UserError
+from transformer.errors import UserError, writing
+
+DIR_MARKER = ".mt-output"  # inside a directory a command wrote: {"command", "time", "files"}
+FILE_MARKERS = ".mt-outputs.json"  # in a folder: {file name: {"command": ..., "sha256": ...}}
 
 # The names mt-train gives in a run's checkpoints folder: `step_N` (and `best`), and while
 # writing one, `NAME.tmp-PID` and `NAME.old-PID`, which a resume tidies (checkpoint.py)
@@ -78,13 +87,13 @@ class Output:
         return "--force" if self.key.startswith("-") else "force=true"
 
     def recheck(self) -> None:
-        """`check` again, inputs aside: what the writers (`atomic_files`) do just before
+        """`check` again, inputs aside: what the writers (`write_dir`, `write_file`) do just before
         they put the output in place, as something may have appeared meanwhile."""
         check(self)
 
     def refuse(self, why: str) -> OutputError:
         setting = f"{self.key} {self.value}" if self.key.startswith("-") else f"{self.key}={self.value}"
-        shown = "" if str(self.path) == self.value else f"{self.path} "
+        shown = "" if str(self.path) in (self.value, ".") else f"{self.path} "
         return OutputError(f"{setting}: {shown}{why}")
 
 
@@ -94,6 +103,8 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
     same_as: the text a file output will hold, if known: a file that holds exactly that
     already loses nothing (`write_text` leaves it as it is).
     """
+    if not out.value.strip():  # Path("") is ".", the working directory
+        raise out.refuse(f"empty: name a {'directory' if out.is_dir else 'file'}")
     check_place(out, inputs)
     if not out.path.exists() and not out.path.is_symlink():
         return
@@ -116,6 +127,54 @@ def check(out: Output, inputs: Iterable[str | os.PathLike | None] = (), same_as:
     if not out.force:
         raise out.refuse(f"exists (an earlier output of {out.command}): add {out.force_flag} "
                          "to replace it")
+
+
+@contextlib.contextmanager
+def write_dir(out: Output) -> Iterator[Path]:
+    """Yield a temporary sibling path (not yet made) to fill; when the block ends without
+    an error, mark it as `out.command`'s and put it in place of `out.path`."""
+    with writing(out.path, out.key):  # a full disk: one line naming the output
+        out.path.parent.mkdir(parents=True, exist_ok=True)
+        with put_in_place(out.path) as tmp:
+            yield tmp
+            tmp.mkdir(exist_ok=True)
+            marker = {"command": out.command, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      "files": sorted(p.name for p in tmp.iterdir())}
+            (tmp / DIR_MARKER).write_text(json.dumps(marker) + "\n")
+            out.recheck()  # again: something may have appeared meanwhile
+
+
+@contextlib.contextmanager
+def write_file(out: Output) -> Iterator[Path]:
+    """Yield a temporary sibling path (`.NAME.tmp-PID.SUFFIX`: the same suffix) to write;
+    when the block ends without an error, record it in the folder's marker and put it in
+    place of `out.path`."""
+    with writing(out.path, out.key):
+        out.path.parent.mkdir(parents=True, exist_ok=True)
+        with put_in_place(out.path, f".{out.path.stem}.tmp-{os.getpid()}", out.path.suffix) as tmp:
+            yield tmp
+            out.recheck()
+            # recorded before it is put in place: a marker that cannot be written (a full
+            # disk) leaves no output behind that the next run would take for a user's file
+            _record(out.path, {"command": out.command, "sha256": file_sha256(tmp)})
+
+
+def write_text(out: Output, text: str) -> Path:
+    """`text` (UTF-8) written to `out` as `write_file` does (a file that holds exactly
+    `text` already is left as it is); returns the path."""
+    if out.path.is_file() and not out.path.is_symlink() and file_sha256(out.path) == text_sha256(text):
+        return out.path
+    with write_file(out) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return out.path
+
+
+def _record(path: Path, entry: dict) -> None:
+    """Note in the folder's marker that `path` is the command's; written atomically."""
+    markers = path.parent / FILE_MARKERS
+    known = read_json(markers)
+    known[path.name] = entry
+    atomic_write(markers, (json.dumps(known, indent=1, sort_keys=True) + "\n").encode())
 
 
 def check_place(out: Output, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
@@ -154,6 +213,8 @@ def check_input(value: str | os.PathLike | None, key: str, is_dir: bool = False)
         return
     path = Path(value).expanduser()
     kind = "directory" if is_dir else "file"
+    if not str(value).strip():  # Path("") is ".", the working directory
+        raise ConfigError(f"{key}={value}: empty; give a {kind}")
     if not path.exists():
         raise ConfigError(f"{key}={value}: no such {kind}")
     if path.is_dir() != is_dir:

@@ -19,9 +19,11 @@ device, nothing read back); batches are padded to `--pad-to-multiple` (default: 
 GPU, 1 on a CPU, as training pads them). Eager bf16/fp16 reads the Linear weights'
 low-precision copies, cast once a step (`LowPrecisionWeights`, as the trainer). With
 `--compile true` this trainer's forward and loss are `torch.compile`d together, as the
-trainer compiles them (the baseline stays eager), and the row reports how many times it was
-compiled (`compiles`: the first shape, then once more with dynamic shapes) and its graph
-breaks; the warm-up round pays for compiling, the timed rounds do not.
+trainer compiles them (`TrainForward`; the baseline stays eager), and the row reports how many
+times it was compiled (`compiles`: once, the batch sizes dynamic from the start), its graph
+breaks and the seconds of the first compile (`first_compile_s`: the first compiled call,
+forward and backward); the warm-up round pays for compiling, the timed rounds do not. A
+compile that fails gives a row with its error (`compile_error`) and no timing.
 
 With a mix (`--data europarl_tatoeba`) the batches are drawn by the corpus weights, as in
 training. `--peak-tflops measure` times a large matrix product in each precision on the
@@ -60,7 +62,7 @@ from transformer.device import (
 from transformer.model.attention import set_attention_path
 from transformer.model.layers import sinusoid_table
 from transformer.model.transformer import build_model, count_parameters
-from transformer.training.forward import LowPrecisionWeights
+from transformer.training.forward import LowPrecisionWeights, TrainForward
 from transformer.training.loss import batch_loss
 from transformer.training.optimizer import Updater, build_optimizer
 
@@ -100,10 +102,12 @@ def ours_loss(model, batch: Batch, eps: float, precision: str, device: torch.dev
     return batch_loss(model, batch, eps, precision, device)[0]
 
 
-def compiled_ours_loss():
-    """`ours_loss` with the forward and the loss compiled together, as `Trainer` compiles them."""
-    compiled = torch.compile(batch_loss)
-    return lambda model, batch, eps, precision, device: compiled(model, batch, eps, precision, device)[0]
+def compiled_ours_loss(model, precision: str, device: torch.device):
+    """`ours_loss` through the trainer's compiled forward (the forward and the loss compiled
+    together, each batch's sizes dynamic from the first compile, as `Trainer` compiles
+    them), and that `TrainForward`, which holds the first compile's seconds."""
+    forward = TrainForward(model, model, precision, device, compile=True)
+    return (lambda model, batch, eps, precision, device: forward(batch, eps, first=True)[0]), forward
 
 
 def torch_loss(model, batch: Batch, eps: float, precision: str, device: torch.device) -> torch.Tensor:
@@ -328,8 +332,8 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
     torch.manual_seed(0)
     ours = build_model(model_cfg).to(device)
     counters.clear()
-    runs = {"ours": (ours, compiled_ours_loss() if compiled else ours_loss),
-            "torch": build_baseline(args.baseline, model_cfg, device)}
+    ours_fn, forward = compiled_ours_loss(ours, precision, device) if compiled else (ours_loss, None)
+    runs = {"ours": (ours, ours_fn), "torch": build_baseline(args.baseline, model_cfg, device)}
     low_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)  # as `Trainer` decides
     lows = {"ours": LowPrecisionWeights(ours, low_dtype) if low_dtype and not compiled else None, "torch": None}
     # ours: the trainer's own update (fused AdamW, the skip of a non-finite update on the
@@ -341,8 +345,11 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
     opts = {"ours": Updater(ours, ours_opt, scaler, optim_cfg, device),
             "torch": torch.optim.Adam(runs["torch"][0].parameters(), lr=1e-4,
                                       betas=(0.9, 0.98), eps=1e-9)}
-    for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state
+    for k, (m, fn) in runs.items():  # warm-up: allocator, kernels, optimizer state; compiling
         run_steps(m, fn, opts[k], batches[:3], precision, device, lows[k])
+    if forward is not None and forward.compile_error:  # it fell back to eager: nothing compiled to time
+        print(f"{precision:<10}{'true':<9}compiling failed: {forward.compile_error}", flush=True)
+        return {"precision": precision, "compile": True, "compile_error": forward.compile_error}
     rates: dict[str, list[float]] = {"ours": [], "torch": []}
     secs_ours: list[float] = []
     for _ in range(args.rounds):
@@ -358,7 +365,9 @@ def bench_precision(args, model_cfg: ModelConfig, batches: list[Batch], precisio
     if compiled:
         result["compiles"] = counters["frames"]["total"]
         result["graph_breaks"] = sum(counters["graph_break"].values())
-        extra += f"  compiles {result['compiles']}, graph breaks {result['graph_breaks']}"
+        result["first_compile_s"] = round(forward.compile_seconds, 1)
+        extra += (f"  compiles {result['compiles']}, graph breaks {result['graph_breaks']}, "
+                  f"first compile {result['first_compile_s']} s")
     if peak:
         achieved = step_flops(ours, batches) / statistics.median(secs_ours) / 1e12
         extra += f"  model TFLOP/s {achieved:.3f}, peak {peak:.3f}, MFU {achieved / peak:.1%}"

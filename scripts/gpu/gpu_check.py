@@ -26,9 +26,11 @@ Steps (GPU sizes; `--cpu` runs the same code on data/sample and the tiny model):
   tests   pytest -m gpu: counts and each failure's first line
   bench   scripts/bench/bench_train.py, base and big models in bf16 against nn.Transformer:
           target tokens/s, the ratio, MFU against the measured peak; base also
-          torch.compile'd (`compile` true and false rows; compiles, graph breaks)
+          torch.compile'd (`compile` true and false rows; compiles, graph breaks, the
+          first compile's seconds)
   train   the base model on Tatoeba for TRAIN_SECONDS: losses at fixed updates, tokens/s,
-          peak GPU memory, dev BLEU; then 50 updates in fp32 and fp16 from the same start,
+          peak GPU memory, dev BLEU, the seconds its first compile took (from its log;
+          null where it ran eagerly); then 50 updates in fp32 and fp16 from the same start,
           each update's loss against the bf16 run's within LOSS_RTOL; then
           scripts/profile_update.py over 10 updates: host reads (syncs), kernel launches
           and aten ops per update, the GPU's busy fraction (null on a CPU)
@@ -370,6 +372,10 @@ def step_train(plan: Plan, work: Path, r: dict) -> dict:
     log = sh(train_cmd(plan, work, run_dir, *extra))
     r["wall_seconds"] = round(time.monotonic() - t0, 1)
     r["precision"] = re.search(r"precision: (\w+)", log).group(1)
+    compiled = re.search(r"compiled the training step in ([\d.]+) s", log)
+    r["first_compile_s"] = float(compiled.group(1)) if compiled else None  # None: eager (a CPU)
+    failed = re.search(r"compiling the training step failed \((.*)\); training goes on eagerly", log)
+    r["compile_error"] = failed.group(1) if failed else None
     loss = dict(tb_scalars(run_dir, "train/loss"))
     steps = max(loss) if loss else 0
     r["updates"] = steps
@@ -583,11 +589,14 @@ def step_profile(plan: Plan, work: Path, r: dict) -> dict:
     prose_file = ROOT / Path(plan.test_file).parent / "europarl-test.it"
     prose = read_lines(prose_file if prose_file.exists() else ROOT / plan.test_file)[: max(plan.decode_sentences // 4, 1)]
     cuda = plan.device == "cuda"
+    # the step eager and compiled as CUDA graphs (graphs traced and recorded per batch, the
+    # first compiled step's seconds); a CPU's compile takes minutes: eager only there
+    modes = ("none", "reduce-overhead") if cuda else ("none",)
     for name, lines, methods in (("tatoeba", src, ("beam", "greedy")), ("europarl", prose, ("beam",))):
         path = work / f"profile_{name}.json"
         try:
             r[name] = profile(str(checkpoint), lines, device=plan.device, methods=methods,
-                              json_path=path, expandable=cuda)
+                              json_path=path, expandable=cuda, compile_modes=modes)
         finally:  # what a cut-off profile measured: its JSON holds every batch done
             if name not in r and path.exists():
                 r[name] = json.loads(path.read_text())

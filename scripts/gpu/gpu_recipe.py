@@ -244,9 +244,12 @@ def step_train(plan: Plan, work: Path, r: dict) -> dict:
     print(proc.stdout[-20000:], proc.stderr[-40000:], sep="\n", flush=True)
     r |= {"wall_seconds": round(time.monotonic() - t0, 1), "max_hours": round(seconds / 3600, 6)}
     log = proc.stdout + proc.stderr
-    for key, pattern in (("precision", r"precision: (\w+)"), ("parameters", r"model: ([\d,]+) parameters")):
+    for key, pattern in (("precision", r"precision: (\w+)"), ("parameters", r"model: ([\d,]+) parameters"),
+                         ("first_compile_s", r"compiled the training step in ([\d.]+) s"),
+                         ("compile_error", r"compiling the training step failed \((.*)\); training goes on")):
         m = re.search(pattern, log)
         r[key] = m.group(1).replace(",", "") if m else None
+    r["first_compile_s"] = float(r["first_compile_s"]) if r["first_compile_s"] else None  # None: eager
     r["parameters"] = int(r["parameters"]) if r["parameters"] else None
     scalars = read_scalars(run_dir) if (run_dir / "tb").is_dir() else {}
     series = {tag: [(step, round(value, 4)) for _, step, value in points] for tag, points in scalars.items()}

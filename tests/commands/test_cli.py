@@ -111,7 +111,8 @@ def test_a_corrupt_cached_tokenizer_names_the_file_and_how_to_rebuild(tmp_path):
     prepared = prepare_data(cfg)
     spm = next(tmp_path.glob("spm-*.model"))
     spm.write_bytes(b"\x00 not a sentencepiece model")
-    with pytest.raises(DataError, match=rf"corrupt cached tokenizer {spm} .*delete it and {prepared.path} to rebuild"):
+    with pytest.raises(DataError, match=rf"corrupt cached tokenizer {spm}: it is not what was written .*delete it "
+                                        rf"and {prepared.path} to rebuild"):
         prepare_data(cfg)
 
 

@@ -1,10 +1,13 @@
-"""mt-evaluate: its scores are the sacrebleu command line's on the files it writes."""
+"""mt-evaluate: its scores are the sacrebleu command line's on the files it writes; a test
+set may be a process substitution."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,3 +128,29 @@ def test_each_model_gets_its_own_report_folder_and_a_run_directory_its_best(tmp_
     with pytest.raises(OutputError, match=r"output_dir=outputs/eval/myrun-best: .* exists"):
         run("myrun/checkpoints/best")
     assert evaluate.model_name(str(tmp_path / "exports" / "mine")) == "mine"  # an export: its name
+
+
+def test_a_process_substitution_is_a_test_set_as_a_file_is(checkpoint, tmp_path, monkeypatch):
+    """`test_set=<(...),ref`: /dev/fd/N, the read end of a pipe, exists though it is no
+    regular file; it is read once and scored as the same lines in a file are."""
+    src, ref = SAMPLE / "dev.it", SAMPLE / "dev.en"
+    read, write = os.pipe()
+
+    def fill() -> None:
+        with os.fdopen(write, "wb") as f:
+            f.write(src.read_bytes())
+
+    threading.Thread(target=fill, daemon=True).start()
+    reports = {}
+    try:
+        for name, source in (("file", str(src)), ("pipe", f"/dev/fd/{read}")):
+            out = tmp_path / name
+            monkeypatch.setattr(sys, "argv", [
+                "mt-evaluate", f"checkpoint={checkpoint}", f"test_set='{source},{ref}'", f"output_dir={out}",
+                "max_sentences=12", "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=8", "progress=false"])
+            evaluate.main()
+            (reports[name],) = (json.loads(p.read_text()) for p in out.glob("*.greedy.json"))
+    finally:
+        os.close(read)
+    assert reports["pipe"]["sentences"] == 12 and reports["pipe"]["scores"] == reports["file"]["scores"]
+    assert read_lines(Path(reports["pipe"]["files"]["hyp"])) == read_lines(Path(reports["file"]["files"]["hyp"]))

@@ -9,10 +9,12 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from transformer import Translator
 from transformer.checkpoint import load_model
 from transformer.commands import translate
 from transformer.config import DecodeConfig
@@ -187,3 +189,66 @@ def test_a_run_directory_translates_with_its_best_checkpoint(checkpoint, loaded,
     assert exit_info.value.code == (f"mt-translate: error: checkpoint={run_dir}/checkpoints/best: no such "
                                     f"directory; {run_dir}/checkpoints holds step_10 (best is written at "
                                     "the run's first validation; checkpoint=RUN_DIR takes the newest)")
+
+
+PREFIX_LINES = ["Hello", "", "Yes", "", "", "We"]  # one per line of LINES (an empty line: none)
+
+
+def piped(data: bytes, opened: list[int]) -> str:
+    """What `<(...)` gives a command: /dev/fd/N, the read end of a pipe (a thread writes
+    `data` into it and closes it). N goes into `opened`, for the caller to close."""
+    read, write = os.pipe()
+    opened.append(read)
+
+    def fill() -> None:
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+
+    threading.Thread(target=fill, daemon=True).start()
+    return f"/dev/fd/{read}"
+
+
+def fifo(path, data: bytes):
+    """A FIFO at `path` that a thread fills once a reader opens it."""
+    os.mkfifo(path)
+
+    def fill() -> None:
+        with open(path, "wb") as f:  # blocks until the command opens it
+            f.write(data)
+
+    threading.Thread(target=fill, daemon=True).start()
+    return path
+
+
+def lines_of(texts: list[str]) -> bytes:
+    return "".join(f"{t}\n" for t in texts).encode()
+
+
+def test_prefixes_pair_with_a_streamed_input_and_may_come_from_a_stream(checkpoint, tmp_path, monkeypatch, capsys):
+    """A streamed input (here `<(...)`) with a prefix file, and a prefix file that is a
+    FIFO: each is read once (the input whole, to be counted against the prefixes) and
+    translated as a regular file is."""
+    expected = Translator.load(checkpoint).translate(LINES, target_prefix=[p or None for p in PREFIX_LINES], **FAST)
+    regular_in, regular_prefix = tmp_path / "in.it", tmp_path / "prefix.en"
+    regular_in.write_bytes(lines_of(LINES))
+    regular_prefix.write_bytes(lines_of(PREFIX_LINES))
+    opened: list[int] = []
+    try:
+        cases = {"streamed input": (piped(lines_of(LINES), opened), regular_prefix),
+                 "FIFO prefixes": (regular_in, fifo(tmp_path / "prefix.fifo", lines_of(PREFIX_LINES))),
+                 "both streamed": (piped(lines_of(LINES), opened), piped(lines_of(PREFIX_LINES), opened))}
+        for case, (source, prefix) in cases.items():
+            run_main(monkeypatch, f"checkpoint={checkpoint}", f"input.file={source}",
+                     f"input.target_prefix_file={prefix}", "decode=greedy", "decode.max_len_a=0",
+                     "decode.max_len_b=6", "progress=false")
+            assert capsys.readouterr().out.splitlines() == expected, case
+        source = piped(lines_of(LINES[:4]), opened)  # fewer lines than prefixes: counted, refused
+        with pytest.raises(SystemExit) as exit_info:
+            run_main(monkeypatch, f"checkpoint={checkpoint}", f"input.file={source}",
+                     f"input.target_prefix_file={regular_prefix}")
+        assert exit_info.value.code == (f"mt-translate: error: input.target_prefix_file={regular_prefix} has 6 "
+                                        "line(s) and the input 4: give one prefix line (or an empty one) per "
+                                        "input line")
+    finally:
+        for fd in opened:
+            os.close(fd)

@@ -4,8 +4,10 @@ tests/data/test_batching.py.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -40,7 +42,7 @@ from transformer.data.pipeline import load_test_set, prepare_data
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.paths import PROJECT_ROOT
 
-from helpers import compose_cfg
+from helpers import compose_cfg, renamed_piece, tiny_checkpoint
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 
@@ -380,6 +382,17 @@ def test_missing_file_and_unknown_corpus(tmp_path) -> None:
         prepare_data(make_cfg(tmp_path, name="wmt"))
 
 
+def test_a_training_corpus_that_is_a_stream_is_refused_saying_why(tmp_path) -> None:
+    """A FIFO exists (it was "not found"); preparation reads a corpus more than once, which
+    a stream does not allow: refused in one line that says so."""
+    fifo = tmp_path / "train.it"
+    os.mkfifo(fifo)
+    tgt = write_lines(tmp_path / "train.en", ["Hi"])
+    with pytest.raises(DataError, match=rf"^{fifo}: not a regular file \(a FIFO, .*\): preparation reads a "
+                                        r"corpus more than once; give a file$"):
+        prepare_data(make_cfg(tmp_path, name="files", train_src=str(fifo), train_tgt=str(tgt)))
+
+
 # --- caching -------------------------------------------------------------------------
 
 
@@ -570,7 +583,8 @@ def test_a_changed_byte_in_a_cached_shard_is_found_when_the_cache_is_opened(tmp_
     each shard's SHA-256 in meta.json is checked when the cache is opened."""
     cfg = make_cfg(tmp_path, name="sample")
     path = prepare_data(cfg).path
-    assert set(json.loads((path / "meta.json").read_text())["sha256"]) == {"train/data.arrow", "dev/sample/data.arrow"}
+    assert set(json.loads((path / "meta.json").read_text())["sha256"]) == {"train/data.arrow", "dev/sample/data.arrow",
+                                                                         "stats.json"}
     data = bytearray((path / shard).read_bytes())
     middle = len(data) // 2
     data[middle:middle + 64] = bytes(64)  # same size, same Arrow framing: only a checksum tells
@@ -578,3 +592,110 @@ def test_a_changed_byte_in_a_cached_shard_is_found_when_the_cache_is_opened(tmp_
     with pytest.raises(DataError, match=rf"^corrupt prepared-data cache {path}: {shard} is not what was "
                                         rf"written \(its SHA-256 differs from meta.json's\): delete {path}"):
         prepare_data(cfg)
+
+
+def test_a_renamed_piece_in_the_cached_tokenizer_is_found_when_the_cache_is_opened(tmp_path) -> None:
+    """A piece renamed in the cached spm-*.model still parses and would ship in every
+    checkpoint, decoding an id as the new piece: its SHA-256 in meta.json is checked too."""
+    cfg = make_cfg(tmp_path, name="sample")
+    path = prepare_data(cfg).path
+    meta = json.loads((path / "meta.json").read_text())
+    spm = path.parent / meta["tokenizer"]
+    assert meta["tokenizer_sha256"] == hashlib.sha256(spm.read_bytes()).hexdigest()
+    spm.write_bytes(renamed_piece(spm.read_bytes())[0])
+    with pytest.raises(DataError, match=rf"^corrupt cached tokenizer {spm}: it is not what was written \(its "
+                                        rf"SHA-256 differs from the one {path}/meta.json records\): delete it and "
+                                        rf"{path} to rebuild them$"):
+        prepare_data(cfg)
+
+
+def _damage(path: Path, file: str, change) -> None:
+    """Change a JSON file of a cache folder by `change` (a function of its value), or write
+    `change` (bytes) into it; a stats.json changed by value gets its checksum recorded, as
+    a cache written without checksums would have it."""
+    target = path / file
+    if isinstance(change, bytes):
+        target.write_bytes(change)
+        return
+    target.write_text(json.dumps(change(json.loads(target.read_text()))))
+    if file == "stats.json":
+        meta = json.loads((path / "meta.json").read_text())
+        meta["sha256"]["stats.json"] = hashlib.sha256(target.read_bytes()).hexdigest()
+        (path / "meta.json").write_text(json.dumps(meta))
+
+
+DAMAGES = {
+    "stats.json not JSON": ("stats.json", b"{not json", r"stats.json is not what was written"),
+    "stats.json a list": ("stats.json", lambda s: [s], r"stats.json \(a JSON list, not an object\)"),
+    "stats.json without splits": ("stats.json", lambda s: {**s, "splits": 3}, r"'splits' does not hold"),
+    "stats.json missing": ("stats.json", None, r"stats.json is not what was written"),
+    "meta.json not JSON": ("meta.json", b"\x00\x01", r"meta.json \("),
+    "meta.json a list": ("meta.json", lambda m: [m], r"meta.json \(a JSON list, not an object\)"),
+    "sha256 a list": ("meta.json", lambda m: {**m, "sha256": list(m["sha256"].values())},
+                      r"meta.json \('sha256' is \['"),
+    "sha256 without a shard": ("meta.json", lambda m: {**m, "sha256": {"stats.json": m["sha256"]["stats.json"]}},
+                               r"not a SHA-256 per shard"),
+    "sizes a string": ("meta.json", lambda m: {**m, "sizes": "400"}, r"'sizes' is '400'"),
+    "a corpus named as a path": ("meta.json", lambda m: {**m, "corpora": ["../../x"]}, r"'corpora' is \['\.\./"),
+    "the tokenizer named as a path": ("meta.json", lambda m: {**m, "tokenizer": "/etc/passwd"},
+                                      r"'tokenizer' is '/etc/passwd', not the file name"),
+    "tokenizer_sha256 a number": ("meta.json", lambda m: {**m, "tokenizer_sha256": 7}, r"'tokenizer_sha256' is 7"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_any_damaged_cache_file_is_one_line_naming_it_and_how_to_rebuild(tmp_path, damage) -> None:
+    """What a cache folder holds beyond its shards (stats.json, meta.json's fields) is
+    checked as it is opened: one DataError naming the file and how to rebuild, never a
+    traceback in mt-prepare's statistics or in training."""
+    cfg = make_cfg(tmp_path, name="sample")
+    path = prepare_data(cfg).path
+    file, change, why = DAMAGES[damage]
+    if change is None:
+        (path / file).unlink()
+    else:
+        _damage(path, file, change)
+    with pytest.raises(DataError) as e:
+        prepare_data(cfg)
+    line = str(e.value)
+    assert "\n" not in line and re.search(why, line), line
+    assert line.startswith(f"corrupt prepared-data cache {path}") and line.endswith(f"delete {path} (and the "
+                                                                                   "tokenizer it names) to rebuild it")
+
+
+def test_a_damaged_cache_is_one_line_from_mt_prepare_and_mt_train(tmp_path, monkeypatch) -> None:
+    from transformer.commands import prepare, train
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(sys, "argv", ["mt-prepare", "data=sample", "data.spm_vocab_size=300",
+                                      f"data.cache_dir={cache}"])
+    prepare.main()
+    (path,) = cache.glob("prepared-*")
+    _damage(path, "meta.json", DAMAGES["sha256 a list"][1])
+    for main, prog, extra in ((prepare.main, "mt-prepare", ["data.spm_vocab_size=300"]),
+                              (train.main, "mt-train", ["debug=default", f"trainer.run_dir={tmp_path / 'run'}"])):
+        monkeypatch.setattr(sys, "argv", [prog, "data=sample", f"data.cache_dir={cache}", *extra])
+        with pytest.raises(SystemExit) as e:
+            main()
+        assert isinstance(e.value.code, str) and "\n" not in e.value.code
+        assert e.value.code.startswith(f"{prog}: error: corrupt prepared-data cache {path}/meta.json ('sha256' is")
+    assert not (tmp_path / "run").exists()  # refused before training: the run folder goes
+
+
+def test_a_given_checkpoints_tokenizer_is_checked_and_its_cached_copy_kept_whole(tmp_path) -> None:
+    """data.tokenizer=CHECKPOINT: its tokenizer.model is checked against the checkpoint's
+    recorded SHA-256; the cache's copy of it (spm-given-*.model), if changed, is written
+    again by the next preparation that uses it, as the folders prepared with it record."""
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    cfg = make_cfg(tmp_path, name="sample", tokenizer=str(ckpt))
+    prepared = prepare_data(cfg)
+    proto = (ckpt / "tokenizer.model").read_bytes()
+    assert prepared.tokenizer.proto == proto
+    (copy,) = (tmp_path / "cache").glob("spm-given-*.model")
+    copy.write_bytes(renamed_piece(proto)[0])
+    prepare_data(make_cfg(tmp_path, name="sample", tokenizer=str(ckpt), max_len=30))  # another folder: rewrites it
+    assert copy.read_bytes() == proto and prepare_data(cfg).tokenizer.proto == proto
+    (ckpt / "tokenizer.model").write_bytes(renamed_piece(proto)[0])
+    with pytest.raises(DataError, match=rf"^data.tokenizer={ckpt}: {ckpt}/tokenizer.model is not the tokenizer this "
+                                        r"checkpoint was written with \(its SHA-256 differs"):
+        prepare_data(make_cfg(tmp_path, name="sample", tokenizer=str(ckpt), max_len=40))

@@ -202,3 +202,50 @@ def test_mt_translate_refuses_a_prefix_file_it_cannot_pair(checkpoint, tmp_path,
         with pytest.raises(SystemExit) as exit_info:
             translate_command.main()
         assert str(exit_info.value.code).startswith(message)
+
+
+def test_a_prefix_the_vocabulary_cannot_spell_is_refused_as_score_refuses_a_piece(checkpoint, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """Characters outside the vocabulary would be forced as <unk> (the output beginning with
+    "⁇"): refused, naming the prefix (Translator) or the file and line (mt-translate,
+    before any line is translated), as `score` refuses a piece the vocabulary lacks."""
+    translator = Translator.load(checkpoint, method="greedy", **SHORT)
+    assert translator.tokenizer.unknown_characters("Hi 漢字 there 漢") == ["漢", "字"]
+    with pytest.raises(ValueError, match=r"^target_prefix: '漢', '字' not in this model's vocabulary: forced as "
+                                         r"<unk>, the translation would begin with '⁇'; remove or replace them$"):
+        translator.translate("Ciao", target_prefix="漢字 hello")
+    with pytest.raises(ValueError, match=r"^target_prefix\[1\]: '☃' not in this model's vocabulary"):
+        translator.translate(["Ciao", "Sì"], target_prefix=["Hi", "☃ yes"])
+    with pytest.raises(ValueError, match=r"^targets\[0\]: '☃' is not a piece"):  # score's refusal, for comparison
+        translator.score("Ciao", ["☃"])
+    source, prefix = tmp_path / "in.it", tmp_path / "prefix.en"
+    source.write_text("Ciao\nSì\n")
+    prefix.write_text("Hi\n☃ yes\n")
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", f"input.file={source}",
+                                      f"input.target_prefix_file={prefix}", "decode=greedy"])
+    with pytest.raises(SystemExit) as exit_info:
+        translate_command.main()
+    assert exit_info.value.code == (f"mt-translate: error: {prefix}:2: '☃' not in this model's vocabulary: forced "
+                                    "as <unk>, the translation would begin with '⁇'; remove or replace it")
+    assert capsys.readouterr().out == ""  # refused before the first line
+
+
+def test_a_prefix_above_the_models_limit_names_the_limit_not_max_len_b(checkpoint, tmp_path, monkeypatch, capsys):
+    """Past the model's own limit (max_positions - 1: 31 here) no setting helps: the
+    message names that limit; below it, past a * |x| + b, raising decode.max_len_b does."""
+    translator = Translator.load(checkpoint, method="greedy", **SHORT)
+    long = " ".join(["ciao"] * 40)
+    assert len(translator.tokenizer.encode([long])[0]) > 31
+    with pytest.raises(ConfigError, match=r"^target_prefix of line 1: \d+ tokens, above this model's limit of 31 "
+                                          r"\(model.max_positions=32, one of them the BOS\): shorten the prefix$"):
+        translator.translate("Ciao", target_prefix=long, max_len_b=200)
+    source, prefix = tmp_path / "in.it", tmp_path / "prefix.en"
+    source.write_text("Ciao\n")
+    prefix.write_text(long + "\n")
+    monkeypatch.setattr(sys, "argv", ["mt-translate", f"checkpoint={checkpoint}", f"input.file={source}",
+                                      f"input.target_prefix_file={prefix}", "decode=greedy"])
+    with pytest.raises(SystemExit) as exit_info:
+        translate_command.main()
+    assert str(exit_info.value.code).startswith(f"mt-translate: error: {prefix}:1: a target prefix of ")
+    assert "above this model's limit of 31 (model.max_positions=32" in exit_info.value.code
+    assert "max_len_b" not in exit_info.value.code and capsys.readouterr().out == ""

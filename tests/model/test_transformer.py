@@ -188,7 +188,7 @@ def test_cache_reorder_keeps_the_chosen_rows_consistent():
     with torch.no_grad():
         memory = model.encode(src)
         first, cache = decode_step_by_step(model, tgt[:, :2], memory, src)
-        cache.reorder(index)
+        cache.reorder(index, index)  # each row its own sentence: the sentences follow
         rest, _ = decode_step_by_step(model, tgt[index], memory[index], src[index], cache,
                                       start=2)
         full = model.decode(tgt[index], memory[index], src[index])
@@ -207,7 +207,7 @@ def test_reorder_without_cross_caches_is_exact_among_rows_of_one_source():
     with torch.no_grad():
         memory = model.encode(src)
         first, cache = decode_step_by_step(model, tgt[:, :2], memory, src)
-        cache.reorder(index, cross=False)
+        cache.reorder(index)  # the sentences stay
         rest, _ = decode_step_by_step(model, tgt[index], memory, src, cache, start=2)
         full = model.decode(tgt[index], memory, src)
     torch.testing.assert_close(torch.cat([first[index], rest], dim=1), full, atol=ATOL, rtol=0)

@@ -128,3 +128,28 @@ def test_two_process_gloo_ddp_makes_the_update_of_one_process_on_both_batches(tm
     assert len(single.sampler.global_batches(0)) % 2 == 0  # not split for two ranks: the same batches
     for name, p in single.model.named_parameters():
         torch.testing.assert_close(rank0[name], p.detach(), rtol=0, atol=2e-6, msg=name)
+
+
+def test_a_rank_whose_loss_explodes_stops_both_ranks_with_one_line_and_nothing_exploded_saved(tmp_path):
+    """Two gloo ranks under `mt-train`, rank 1's loss multiplied by 1e6 from update 3 on
+    (tests/ddp_exploding_rank.py), rank 0's as it was: a rank deciding on its own numbers
+    would stop alone and leave the other to be torn down. The guard decides on the window's
+    loss over both ranks and the first update's over both: at the read of update 4 both
+    ranks end with the same one line, and no checkpoint after update 2's is written."""
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           f"--log-dir={logs}", "--redirects=2", str(PROJECT_ROOT / "tests" / "ddp_exploding_rank.py"), *DEBUG,
+           "trainer.max_steps=8", "trainer.log_every=2", "trainer.save_every=2", "trainer.val_every=8",
+           "trainer.val_bleu_sentences=1", f"trainer.run_dir={run_dir}", f"data.cache_dir={shared_cache()}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    errors = sorted(logs.rglob("stderr.log"))
+    assert len(errors) == 2, errors
+    last = [path.read_text().strip().splitlines()[-1] for path in errors]
+    assert last[0] == last[1], last
+    assert last[0].startswith("mt-train: error: training diverged by update 4: the loss is "), last[0]
+    assert last[0].endswith(f"the last checkpoint, {run_dir / 'checkpoints' / 'step_2'}, is kept"), last[0]
+    assert not any("Traceback" in path.read_text() for path in errors)
+    assert [p.name for p in ckpt.step_checkpoints(run_dir)] == ["step_2"]
+    assert not (run_dir / "checkpoints" / "best").exists()

@@ -4,6 +4,7 @@ and tokenizer, with a fresh optimizer and schedule, that resumes as itself."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from transformer.data.corpus import read_lines
 from transformer.training.finetune import command_line_model_keys, model_from_parent
 from transformer.training.trainer import Trainer
 
-from helpers import DEBUG, SAMPLE, run, shared_cache
+from helpers import DEBUG, SAMPLE, renamed_piece, run, shared_cache
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,12 @@ def test_refusals_are_one_line_and_leave_nothing(parent, tmp_path):
     (export / "export.json").write_text("{}")
     empty = tmp_path / "empty"
     empty.mkdir()
+    changed = tmp_path / "changed"
+    shutil.copytree(parent, changed)
+    (changed / "tokenizer.model").write_bytes(renamed_piece((parent / "tokenizer.model").read_bytes())[0])
     cases = [
+        ([f"trainer.init_from={changed}"], f"{changed}/tokenizer.model is not the tokenizer this checkpoint was written "
+                                           "with"),
         ([f"trainer.init_from={export}"], "is a CTranslate2 export (mt-export), not a training checkpoint"),
         ([f"trainer.init_from={empty}"], f"checkpoint {empty} is missing model.json"),
         ([f"trainer.init_from={tmp_path / 'nowhere'}"], "no checkpoint directory at"),

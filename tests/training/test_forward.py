@@ -5,12 +5,18 @@ and the low-precision copies only for an eager bf16/fp16 run."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
+from transformer import checkpoint as ckpt
 from transformer.config import ModelConfig
+from transformer.data.batching import Batch, collate
 from transformer.model.transformer import Transformer
 from transformer.training.forward import LowPrecisionWeights, TrainForward
+from transformer.training.loss import batch_loss
+
+from helpers import run
 
 SRC = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
 TGT_IN = torch.tensor([[1, 11, 12], [1, 13, 0]])
@@ -116,3 +122,82 @@ def test_compiled_by_default_on_cuda_only_and_copies_only_for_eager_mixed_precis
     assert TrainForward(model, model, "bf16", torch.device("cpu"), None).low is not None
     assert TrainForward(model, model, "fp32", torch.device("cpu"), None).low is None
     assert TrainForward(model, model, "bf16", torch.device("cpu"), True).low is None
+
+
+def batch_of(rows: int, src_len: int, tgt_len: int, seed: int) -> Batch:
+    """A padded batch of `rows` pairs of random ids whose longest source is `src_len` and
+    longest target `tgt_len` tokens (BOS or EOS included), the others shorter."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ids(longest: int, row: int) -> list[int]:
+        n = longest if row == 0 else int(torch.randint(1, longest + 1, (), generator=gen))
+        return torch.randint(4, 32, (n,), generator=gen).tolist()
+
+    batch = collate([{"src_ids": ids(src_len, r), "tgt_ids": ids(tgt_len - 1, r)} for r in range(rows)],
+                    pad_id=0, bos_id=2, eos_id=3)
+    assert (*batch.src_ids.shape, batch.tgt_in_ids.size(1)) == (rows, src_len, tgt_len)
+    return batch
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """torch.compile with dynamo's `aot_eager` backend (dynamo's and AOT autograd's graphs,
+    no code generation), its counters from zero."""
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    counters.clear()
+    return counters
+
+
+def test_one_graph_serves_every_batch_shape_and_a_single_sentence_adds_one(aot_eager):
+    """The compiled forward and loss, with backward, over batches whose rows (B), source (S)
+    and target (T) lengths vary one at a time and together: the first batch has B = S = T
+    (dynamo would give them one symbol), then S alone changes, T alone, B alone (each a
+    recompile when only the sizes seen to vary become dynamic). One graph serves them all;
+    a batch of one sentence (B = 1, which dynamo specialises) adds one graph, once; no graph
+    breaks. Each loss and gradient equals the eager forward's."""
+    shapes = [(6, 6, 6), (6, 9, 6), (6, 9, 11), (10, 9, 11), (3, 12, 4), (7, 7, 7), (1, 8, 5), (12, 3, 9),
+              (1, 13, 10), (5, 2, 2), (16, 5, 8)]
+    compiled_model, eager_model = tiny(), tiny()
+    forward = TrainForward(compiled_model, compiled_model, "fp32", torch.device("cpu"), True)
+    graphs = []
+    for i, (rows, src_len, tgt_len) in enumerate(shapes):
+        batch = batch_of(rows, src_len, tgt_len, seed=i)
+        losses = []
+        for model, loss_fn in ((compiled_model, lambda b: forward(b, 0.1, first=True)),
+                               (eager_model, lambda b: batch_loss(eager_model, b, 0.1, "fp32", torch.device("cpu")))):
+            model.zero_grad(set_to_none=True)
+            loss, nll = loss_fn(batch)
+            loss.backward()
+            losses.append((loss.detach(), nll))
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+        for (name, p), q in zip(compiled_model.named_parameters(), eager_model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+        graphs.append(aot_eager["stats"]["unique_graphs"])
+    assert graphs == [1] * 6 + [2] * 5, graphs
+    assert sum(aot_eager["graph_break"].values()) == 0, dict(aot_eager["graph_break"])
+    assert forward.compiled and forward.compile_seconds is not None
+
+
+def test_a_failing_compile_is_one_line_and_training_goes_on_eagerly(tmp_path, monkeypatch):
+    """A backend that fails (as inductor does without a C++ compiler or Triton): the run logs
+    one line naming the error and trains on eagerly, bf16 on the Linear layers' copies, to
+    its last update and checkpoint."""
+    def broken(gm, example_inputs):
+        raise RuntimeError("no working C++ compiler found (injected)\nmore detail")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=broken, **kw))
+    torch._dynamo.reset()
+    trainer = run(tmp_path / "run", "trainer.max_steps=4", "trainer.compile=true", "trainer.precision=bf16")
+    assert trainer.state.step == 4 and not trainer.forward.compiled and trainer.forward.low is not None
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path / "run")] == ["step_4"]
+    logged = (tmp_path / "run" / "train.log").read_text()
+    failed = [line for line in logged.splitlines() if "compiling the training step failed" in line]
+    assert len(failed) == 1 and failed[0].endswith(
+        "WARNING transformer.training.forward: compiling the training step failed (RuntimeError: no working "
+        "C++ compiler found (injected)); training goes on eagerly"), logged
+    assert "compiled the training step in" not in logged

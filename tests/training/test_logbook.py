@@ -44,16 +44,15 @@ def clock(monkeypatch):
     return now
 
 
-def test_a_window_is_token_weighted_over_its_updates_and_counts_all_ranks(clock):
+def test_a_window_is_token_weighted_over_its_updates(clock):
     window = LogWindow()
     window.add(metrics(loss_sum=10.0, tokens=10))  # mean 1.0 over 10 tokens
     window.add(metrics(loss_sum=90.0, tokens=30, nll_sum=60.0))  # mean 3.0 over 30 tokens
     clock[0] = 4.0
-    summary = window.summary(world_size=2)
+    summary = window.summary()
     assert summary["loss"] == pytest.approx(100 / 40)  # not (1.0 + 3.0) / 2
     assert summary["nll"] == pytest.approx(65 / 40)
-    assert summary["tokens_per_s"] == pytest.approx(40 * 2 / 4.0)
-    assert window.summary()["tokens_per_s"] == pytest.approx(40 / 4.0)
+    assert summary["tokens_per_s"] == pytest.approx(40 / 4.0)
 
 
 def test_reset_empties_the_window_and_restarts_its_clock(clock):
@@ -134,7 +133,7 @@ def test_several_dev_sets_each_get_their_tags_and_dev_bleu_is_the_selection_scor
 
 
 def test_ranks_other_than_zero_write_no_events_but_still_report(tmp_path, caplog):
-    book = Logbook(None, CPU, world_size=2)
+    book = Logbook(None, CPU)
     book.open(step=0, end=(10, "max_steps=10"), show_bar=False)
     with caplog.at_level(logging.INFO):
         book.train(TrainState(step=1), metrics(loss_sum=1.0, tokens=1), lr=1e-3)

@@ -219,9 +219,8 @@ def test_a_fresh_models_loss_is_not_divergence_even_above_three_ln_v():
     tokens = tgt_out.numel()
     assert loss_sum / tokens > 3 * math.log(8)  # the case this test is about
     guard = DivergenceGuard(5, OptimConfig(), "fp32", vocab_size=8)
-    reading = {"loss_sum": loss_sum.item(), "tokens": tokens, "worst_streak": 0.0,
-               "bad_loss": math.nan, "bad_grad_norm": math.nan}
-    guard.first_update(loss_sum, tokens)
+    reading = {"loss_sum": loss_sum.item(), "tokens": tokens, "worst_streak": 0.0, "bad_loss": math.nan,
+               "bad_grad_norm": math.nan, "first_loss_sum": loss_sum.item(), "first_tokens": tokens}
     guard.check(1, reading)  # the loss the run starts from
     with pytest.raises(TrainingDiverged, match=r"the first update's \(\d"):  # exploded: still refused
         guard.check(2, {**reading, "loss_sum": 1e4 * tokens})

@@ -2,7 +2,8 @@
 and restores weights, optimizer, schedule, scaler, RNGs and position exactly; the format's keys
 stay those older checkpoints have; rotation prunes only this run's own step checkpoints (a
 `best` linked to one outlives it); a failed resume changes nothing and an unreadable newest
-checkpoint falls back to the next; a resume with another tokenizer is refused."""
+checkpoint falls back to the next; a resume with another tokenizer is refused; a resume
+with other batching settings trains on every pair of the epoch once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import copy
 import dataclasses
 import logging
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from omegaconf import OmegaConf
 from transformer import checkpoint as ckpt
 from transformer.config import ModelConfig, OptimConfig, TrainerConfig
 from transformer.model.transformer import build_model
+from transformer.training import trainer as trainer_module
 from transformer.training.optimizer import build_optimizer, build_scheduler, inverse_sqrt_lr
 from transformer.training.run_dir import RunDirError
 from transformer.training.state import Checkpoints, TrainState
@@ -189,9 +192,34 @@ def test_a_resume_with_a_new_schedule_applies_it_from_the_resumed_step_and_says_
     assert log.read_text().count("new schedule") == 1  # resumed again unchanged: no second line
 
 
-def test_a_resume_that_would_batch_otherwise_is_refused(tmp_path):
-    run(tmp_path / "run", "trainer.max_steps=3", "trainer.val_every=100")
-    with pytest.raises(RunDirError, match=r"padded batches to a multiple of 1, data.pad_to_multiple "
-                                          r"resolves to 8 here.*set data.pad_to_multiple=1"):
-        run(tmp_path / "run", "trainer.max_steps=5", "trainer.resume=auto", "data.pad_to_multiple=8")
-    assert ckpt.load_trainer_state(tmp_path / "run" / "checkpoints" / "step_3")["train_state"]["step"] == 3
+@pytest.mark.parametrize("change", ["data.max_tokens=256", "data.bucket_chunk=1", "data.pad_to_multiple=8",
+                                    "trainer.seed=7"])
+def test_a_resume_with_other_batching_trains_on_every_pair_of_the_epoch_once(tmp_path, monkeypatch, change):
+    """Halving data.max_tokens after an out-of-memory error (or another bucket_chunk,
+    padding, seed) and resuming mid-epoch: the pairs trained on in epoch 0, over both
+    runs, are every pair once, and one line says what changed."""
+    trained: Counter = Counter()
+    stream, step = trainer_module.batch_stream, trainer_module.Trainer.train_step
+
+    def with_rows(sampler, ids, tokenizer, epoch, start, *rest):  # each batch knows its rows
+        for e, i, batch in stream(sampler, ids, tokenizer, epoch, start, *rest):
+            batch.origin = (e, sampler.batches(e).rows_of(i).tolist())
+            yield e, i, batch
+
+    def recorded(self, batches):
+        trained.update(row for b in batches if b.origin[0] == 0 for row in b.origin[1])
+        return step(self, batches)
+
+    monkeypatch.setattr(trainer_module, "batch_stream", with_rows)
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", recorded)
+    common = ["trainer.val_every=100", "trainer.resume=auto"]
+    first = run(tmp_path / "run", *common, "trainer.max_steps=4")
+    assert first.state.epoch == 0 and sum(trained.values()) < len(first.data.train)
+    run(tmp_path / "run", *common, "trainer.max_steps=100", "trainer.max_epochs=1", change)
+    assert trained == Counter(range(len(first.data.train)))
+    key, value = change.split("=")
+    lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if "other batching" in line]
+    assert len(lines) == 1 and f"resumed mid-epoch 0 with other batching ({key} " in lines[0]
+    assert f"-> {value}): the epoch goes on with the " in lines[0]
+    assert ("trainer.seed 7 takes effect at epoch 1, epoch 0 keeps the order seed 1 drew" in lines[0]) == \
+        (key == "trainer.seed")

@@ -2,7 +2,8 @@
 count of the host's reads, `device.HostReads`), and it learns what the simple eager loop
 learns (each update's loss and the weights against a reference written the plain way:
 `.item()`, an `if` on the gradient norm, `scheduler.step()`). In short debug runs: the
-logged loss is the window's token-weighted mean, accumulation equals one update on the
+logged loss is the window's token-weighted mean and the logged lr the update's own,
+accumulation equals one update on the
 union, patience and the last update's validation, `best` made of step_N's files (the
 weights written once), exact resume, SIGTERM saves and stops, a
 non-finite step is skipped, fp16 needs CUDA, an interrupted checkpoint write leaves the
@@ -16,6 +17,7 @@ import copy
 import itertools
 import math
 import os
+import re
 import signal
 import socket
 
@@ -35,7 +37,7 @@ from transformer.metrics.name_copy import NameCopy
 from transformer.model import dropout as dropout_module
 from transformer.model.attention import set_attention_path
 from transformer.training.loss import batch_loss
-from transformer.training.optimizer import build_optimizer, build_scheduler
+from transformer.training.optimizer import build_optimizer, build_scheduler, inverse_sqrt_lr
 from transformer.training.trainer import Trainer
 from transformer.training.validation import DevResult
 
@@ -134,34 +136,47 @@ def test_an_eager_bf16_update_dispatches_few_ops(tmp_path, device_code_paths):
     assert ops.counts["_to_copy"] / 3 <= 120, ops.counts.most_common(12)
 
 
-def test_the_compiled_step_has_no_graph_break_few_compiles_and_the_eager_losses(tmp_path, monkeypatch):
+def test_the_compiled_step_compiles_once_over_30_updates_of_varied_shapes_and_validations(tmp_path, monkeypatch):
     """trainer.compile=true, fp32, on a CPU with dynamo's `aot_eager` backend (the graphs
     dynamo and AOT autograd capture, without inductor's minutes of code generation on a
-    loaded 2-core CPU): the forward and the loss trace with no graph break, 12 updates of
-    varied batch shapes compile at most 8 times, and the first 5 updates' losses equal an
-    eager run's within 1e-4 relative."""
+    loaded 2-core CPU), driven by `fit` on the sample corpus: 30 updates of at least 10
+    batch shapes, with a validation after every 10, make at most 2 graphs (it makes 1:
+    batches, source and target lengths are dynamic from the first compile) and no graph
+    break; train.log says once how long the first compile took. The first 5 updates'
+    losses equal an eager run's within 1e-4 relative."""
     from torch._dynamo.utils import counters
 
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend="aot_eager", **kw))
+    seen: dict[str, list] = {"eager": [], "compiled": []}
+    real_step, real_validate = Trainer.train_step, Trainer.validate
+    validations = []
+
+    def recording(self, batches):
+        out = real_step(self, batches)
+        b = batches[0]
+        shape = (*b.src_ids.shape, b.tgt_in_ids.size(1), b.n_tgt_tokens)
+        seen["compiled" if self.forward.compiled else "eager"].append((shape, out["loss_sum"].item()))
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    monkeypatch.setattr(Trainer, "validate", lambda self: validations.append(self.state.step) or real_validate(self))
+    args = (*NO_DROPOUT, "trainer.log_every=10", "trainer.val_every=10", "trainer.val_bleu_sentences=2",
+            "trainer.precision=fp32")
+    run(tmp_path / "eager", *args, "trainer.max_steps=5", "trainer.compile=false")
     torch._dynamo.reset()
     counters.clear()
-    args = (*NO_DROPOUT, "trainer.max_steps=1", "trainer.log_every=10", "trainer.val_every=1000",
-            "trainer.precision=fp32")
-    eager = run(tmp_path / "eager", *args, "trainer.compile=false")
-    compiled = run(tmp_path / "compiled", *args, "trainer.compile=true")
-    assert compiled.forward.compiled and not eager.forward.compiled
-    losses, shapes = {}, set()
-    for name, trainer in (("eager", eager), ("compiled", compiled)):
-        trainer.tc.max_steps = 1_000_000
-        stream = trainer._micro_batches()
-        batches = [next(stream)[2] for _ in range(12)]
-        shapes |= {(*b.src_ids.shape, b.tgt_in_ids.size(1), b.n_tgt_tokens) for b in batches}
-        losses[name] = [trainer.train_step([b])["loss_sum"].item() for b in batches]
-    torch.testing.assert_close(losses["compiled"][:5], losses["eager"][:5], rtol=1e-4, atol=0)
+    compiled = run(tmp_path / "compiled", *args, "trainer.max_steps=30", "trainer.compile=true")
+    assert compiled.forward.compiled and compiled.state.step == 30 and validations[-3:] == [10, 20, 30]
+    shapes = {shape for shape, _ in seen["compiled"]}
+    assert len(seen["compiled"]) == 30 and len(shapes) >= 10, shapes
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
-    assert len(shapes) >= 10  # nearly every batch a shape of its own
-    assert 1 <= counters["stats"]["unique_graphs"] <= 8, dict(counters["stats"])
+    assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    losses = {name: [loss for _, loss in steps[:5]] for name, steps in seen.items()}
+    torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-4, atol=0)
+    logged = (tmp_path / "compiled" / "train.log").read_text()
+    assert len(re.findall(r"compiled the training step in \d+\.\d s \(the first update's forward and "
+                          r"backward\)", logged)) == 1, logged
 
 
 @pytest.fixture
@@ -304,6 +319,25 @@ def test_logged_loss_is_the_token_weighted_mean_of_the_window(tmp_path, monkeypa
     log_lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines()
                  if "step 5: loss" in line]
     assert f"step 5: loss {logged[5]:.3f}" in log_lines[0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_logged_lr_is_the_one_the_logged_update_ran_with(tmp_path, fused):
+    """TensorBoard's train/lr and the log line at step N give update N's lr, so the peak
+    (update warmup_steps's) appears; the fused update's own lr tensor says the same."""
+    trainer = run(tmp_path / "run", "trainer.max_steps=12", "trainer.log_every=1", "trainer.val_every=100",
+                  f"optim.fused={str(fused).lower()}")
+    peak, warmup = trainer.cfg.optim.lr, trainer.cfg.optim.warmup_steps
+    logged = dict(scalars(tmp_path / "run", "train/lr"))
+    assert sorted(logged) == list(range(1, 13))
+    for step, lr in logged.items():
+        assert lr == pytest.approx(inverse_sqrt_lr(step, peak, warmup), rel=1e-6), step
+    assert logged[warmup] == pytest.approx(peak, rel=1e-6) == max(logged.values())
+    if trainer.update.on_device:
+        assert float(trainer.update.lr) == pytest.approx(logged[12], rel=1e-6)  # what update 12 applied
+    line = next(line for line in (tmp_path / "run" / "train.log").read_text().splitlines()
+                if f"step {warmup}: loss" in line)
+    assert f"lr {peak:.2e}" in line
 
 
 def test_gradient_accumulation_equals_one_update_on_the_union(tmp_path):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from transformer import atomic_files, outputs
+from transformer import outputs
 from transformer.checkpoint import (
     RUN_CFG,
     CheckpointError,
@@ -81,7 +81,7 @@ def average(paths: list[Path], output: Path, force: bool = False) -> Path:
     meta = {"averaged_from": [str(p) for p in paths]}
     if (newest / "meta.json").is_file() and "step" in (newest_meta := load_meta(newest)):
         meta["step"] = newest_meta["step"]
-    with atomic_files.write_dir(out) as tmp:
+    with outputs.write_dir(out) as tmp:
         write_checkpoint_files(tmp, model, tokenizer, run_cfg.read_text() if run_cfg.is_file() else "",
                                meta)
     return output

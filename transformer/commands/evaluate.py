@@ -35,7 +35,7 @@ import torch
 from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from transformer import atomic_files, outputs
+from transformer import outputs
 from transformer.checkpoint import CHECKPOINTS, find_checkpoint
 from transformer.commands import cli
 from transformer.config import (
@@ -185,10 +185,10 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         "seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
     }
-    atomic_files.write_text(files["hyp"], "".join(f"{h}\n" for h in hyps))
-    atomic_files.write_text(files["ref"], "".join(f"{r}\n" for r in refs))
+    outputs.write_text(files["hyp"], "".join(f"{h}\n" for h in hyps))
+    outputs.write_text(files["ref"], "".join(f"{r}\n" for r in refs))
     report["files"] = {k: str(v.path) for k, v in files.items()}
-    atomic_files.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    outputs.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     for name in ("BLEU", "chrF2", "TER", "names"):
         print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
     split = f"{counts['sentences']} after splitting" if decode.split_sentences else "not split"

@@ -25,7 +25,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from transformer import atomic_files, outputs
+from transformer import outputs
 from transformer.checkpoint import find_checkpoint
 from transformer.commands import cli
 from transformer.config import ConfigError, DataConfig, DecodeConfig, check_device, require
@@ -352,7 +352,7 @@ def inspect_masks(cfg: MasksConfig) -> None:
         lines += [*format_checks(maps), "", *format_methods(cfg, inspected, maps), ""]
     lines += format_empty_row(cfg, inspected, model)
     if picture is not None:
-        with atomic_files.write_file(picture) as tmp:
+        with outputs.write_file(picture) as tmp:
             if maps is None:
                 plot_masks(inspected, cfg.sentence, tmp)
             else:

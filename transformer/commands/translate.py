@@ -18,7 +18,11 @@ from an interactive stdin each line is translated as soon as nothing more is wai
 that exists is replaced only with force=true and only if mt-translate wrote it, never the
 input itself; missing folders are made. The file is written whole or not at all. An
 input file is read through once for bad bytes before the model is loaded; one that is not
-a regular file (a FIFO, `/dev/stdin`, `<(...)`, `/dev/null`) is read once, as a stream.
+a regular file (a FIFO, `/dev/stdin`, `<(...)`, `/dev/null`) is read once, as a stream
+(whole, before the model is loaded, when `input.target_prefix_file` pairs its lines with
+prefixes, which are counted against them). The prefix file is read once (it may be a
+stream too); a prefix the model cannot force (characters its vocabulary lacks, more
+pieces than it writes) is refused, naming its line, before any line is translated.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from transformer import atomic_files, outputs
+from transformer import outputs
 from transformer.checkpoint import find_checkpoint
 from transformer.commands import cli
 from transformer.config import (
@@ -46,7 +50,7 @@ from transformer.config import (
     positive,
     require,
 )
-from transformer.data.corpus import iter_decoded, iter_lines
+from transformer.data.corpus import DataError, iter_decoded, iter_lines, normalize
 from transformer.decoding.loading import in_decode_dtype, load_for_inference
 from transformer.decoding.settings import decode_settings
 from transformer.decoding.stream import input_ready, iter_nbest
@@ -128,18 +132,39 @@ def read_input(cfg: InputConfig) -> tuple[Iterable[str], Callable[[], bool] | No
     return iter_decoded(sys.stdin.buffer, "<stdin>"), input_ready(sys.stdin)
 
 
-def read_prefixes(cfg: InputConfig) -> Iterator[str | None] | None:
-    """input.target_prefix_file's lines (None for an empty one), read as they are needed; checked
-    first for bad bytes and for as many lines as the input, before the model is loaded."""
+def read_prefixes(cfg: InputConfig, lines: Iterable[str]) -> tuple[Iterable[str], list[str | None] | None]:
+    """input.target_prefix_file's lines (None for an empty one), read once (a FIFO or
+    `<(...)` too), and the input's lines, checked to be as many, before the model is
+    loaded. A streamed input (a FIFO, `/dev/stdin`, `<(...)`) can be read only once: with
+    prefixes it is read whole here, to be counted, and its lines are returned as a list."""
     if cfg.target_prefix_file is None:
-        return None
-    count = sum(1 for _ in iter_lines(cfg.target_prefix_file))  # DataError naming file:line
-    lines = len(cfg.text.split("\n")) if cfg.text is not None else \
-        sum(1 for _ in iter_lines(cfg.file))  # type: ignore[arg-type]
-    if count != lines:
-        raise ConfigError(f"input.target_prefix_file={cfg.target_prefix_file} has {count} line(s) and the input "
-                          f"{lines}: give one prefix line (or an empty one) per input line")
-    return (line if line.strip() else None for line in iter_lines(cfg.target_prefix_file))
+        return lines, None
+    prefixes = [line if line.strip() else None for line in iter_lines(cfg.target_prefix_file)]  # file:line
+    if cfg.text is not None:
+        count = len(cfg.text.split("\n"))
+    elif Path(cfg.file).expanduser().is_file():  # type: ignore[arg-type]
+        count = sum(1 for _ in iter_lines(cfg.file))  # type: ignore[arg-type]
+    else:
+        lines = list(lines)
+        count = len(lines)
+    if len(prefixes) != count:
+        raise ConfigError(f"input.target_prefix_file={cfg.target_prefix_file} has {len(prefixes)} line(s) and "
+                          f"the input {count}: give one prefix line (or an empty one) per input line")
+    return lines, prefixes
+
+
+def check_prefixes(prefixes: list[str | None], tokenizer, max_positions: int, file: str) -> None:
+    """Refuse, before translating, a prefix line the model cannot force: characters its
+    vocabulary lacks (they would be <unk>), or more pieces than it writes (file:line)."""
+    for n, text in enumerate(prefixes, start=1):
+        if text is None:
+            continue
+        tokenizer.require_known(normalize(text), f"{file}:{n}", DataError)
+        pieces = len(tokenizer.encode([normalize(text)])[0])
+        if pieces > max_positions - 1:
+            raise DataError(f"{file}:{n}: a target prefix of {pieces} tokens, above this model's limit of "
+                            f"{max_positions - 1} (model.max_positions={max_positions}, one of them the BOS): "
+                            "shorten it")
 
 
 def output_of(cfg: TranslateConfig) -> outputs.Output | None:
@@ -158,7 +183,7 @@ def write_lines(lines: Iterable[list[str]], out: outputs.Output | None) -> None:
     """Each group of output lines as it comes: to stdout, flushed per group, or into the
     output file, which is put in place (whole) when the last group is written."""
     if out is not None:
-        with atomic_files.write_file(out) as tmp, tmp.open("w", encoding="utf-8") as f:
+        with outputs.write_file(out) as tmp, tmp.open("w", encoding="utf-8") as f:
             for group in lines:
                 f.writelines(f"{line}\n" for line in group)
         return
@@ -175,16 +200,18 @@ def translate(cfg: TranslateConfig) -> None:
     cfg = dataclasses.replace(cfg, checkpoint=str(find_checkpoint(cfg.checkpoint)))  # a run: its best
     out = output_of(cfg)
     lines, ready = read_input(cfg.input)  # before loading the model: a bad input costs nothing
-    prefixes = read_prefixes(cfg.input)
+    lines, prefixes = read_prefixes(cfg.input, lines)
     if cfg.output is None and sys.stdout is None:  # started with stdout closed (>&-)
         raise ConfigError("stdout is closed: add output=FILE")
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
+    if prefixes is not None:  # before any line is translated
+        check_prefixes(prefixes, tokenizer, model.cfg.max_positions, cfg.input.target_prefix_file)
     decode = decode_settings(cfg.decode, device, model)  # once for the command
     model = in_decode_dtype(model, decode)  # the weights cast once: no window casts them again
     progress = cfg.progress and cfg.input.file is not None and Path(cfg.input.file).expanduser().is_file()
     start, counts = time.perf_counter(), {"lines": 0, "sentences": 0}
-    found = iter_nbest(model, tokenizer, lines, decode, device, ready=ready,
-                       progress=progress, counts=counts, prefixes=prefixes)
+    found = iter_nbest(model, tokenizer, lines, decode, device, ready=ready, progress=progress, counts=counts,
+                       prefixes=None if prefixes is None else iter(prefixes))
     write_lines(_formatted(found, cfg.decode.nbest > 1), out)
     log.info("translated %d line(s), %d sentence(s) in %.1f s", counts["lines"],
              counts["sentences"], time.perf_counter() - start)

@@ -311,7 +311,8 @@ class TokenBatchSampler:
     then shuffle the batches. With `world_size > 1` every rank computes the same global
     list and takes every `world_size`-th batch; the list is first made a multiple of
     `world_size` by halving the largest batches, so no pair is dropped and all ranks get
-    the same number of batches (DDP would hang otherwise).
+    the same number of batches (DDP would hang otherwise). `continue_epoch` makes an epoch
+    the pairs an earlier batching of it left unseen (a resume with other settings).
 
     `src_lens`/`tgt_lens` are token counts without BOS/EOS (see `token_lengths`).
     With a `mixture` (several corpora, weighted), an epoch is the mixture's draw of rows
@@ -355,34 +356,61 @@ class TokenBatchSampler:
             raise ValueError(f"the mixture covers {sum(mixture.sizes)} rows, the data has {len(src)}")
         self.mixture = mixture
         self.src, self.tgt = src, tgt
-        self.max_tokens = max_tokens
+        self.max_tokens, self.bucket_chunk, self.pad_to_multiple = max_tokens, bucket_chunk, pad_to_multiple
         self.seed, self.shuffle = seed, shuffle
         self.rank, self.world_size = rank, world_size
         mean_batch = max(1, int(max_tokens // self.sizes.mean()))
         self.chunk_size = max(1, bucket_chunk * mean_batch)  # examples sorted together
         self.epoch, self.start = 0, 0
         self._cache: tuple[int, BatchPlan] | None = None
+        # an epoch that goes on with only some of its pairs (`continue_epoch`)
+        self._rest: tuple[int, np.ndarray, list[int]] | None = None
+
+    @property
+    def settings(self) -> dict[str, int]:
+        """What shapes the batches of an epoch, as a checkpoint records it (`epoch_resume`)."""
+        return {"seed": self.seed, "max_tokens": self.max_tokens, "bucket_chunk": self.bucket_chunk,
+                "pad_to_multiple": self.pad_to_multiple, "world_size": self.world_size, "pairs": len(self.sizes)}
+
+    def epoch_order(self, epoch: int, seed: int | None = None) -> tuple[np.ndarray, np.random.Generator]:
+        """The rows `epoch` draws, in the order it draws them (a permutation, or the
+        mixture's draw), for `seed` (default: the sampler's); and the generator that then
+        shuffles its batches."""
+        seed = self.seed if seed is None else seed
+        rng = np.random.default_rng([seed, epoch])
+        if self.mixture is not None:
+            mixture = self.mixture if seed == self.mixture.seed else self.mixture.reseeded(seed)
+            return mixture.epoch_indices(epoch), rng
+        return (rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))), rng
+
+    def plan_positions(self, order: np.ndarray, rng: np.random.Generator) -> BatchPlan:
+        """The batches of the rows `order`, as positions in `order`: chunks of `chunk_size`
+        sorted by length and cut greedily, made a multiple of world_size, shuffled by `rng`."""
+        rows, bounds = [np.zeros(0, dtype=np.int64)], [np.zeros(1, dtype=np.int64)]
+        for lo in range(0, len(order), self.chunk_size):
+            chunk = np.arange(lo, min(lo + self.chunk_size, len(order)))
+            # sort by padded size, then by source length, so neighbours pad each other least
+            chunk = chunk[np.lexsort((self.src[order[chunk]], self.sizes[order[chunk]]))]
+            rows.append(chunk)
+            bounds.append(lo + cut_sorted(self.sizes[order[chunk]], self.max_tokens)[1:])
+        plan = _split_to_multiple(BatchPlan(np.concatenate(rows), np.concatenate(bounds)), self.world_size)
+        return plan.take(rng.permutation(len(plan))) if self.shuffle else plan
+
+    def continue_epoch(self, epoch: int, order: np.ndarray, key: list[int]) -> None:
+        """Make `epoch` only the rows `order` (what an earlier batching of it left unseen:
+        `epoch_resume.continue_epoch`), their batches shuffled by a generator seeded with `key`."""
+        self._rest, self._cache = (epoch, np.asarray(order, dtype=np.int64), list(key)), None
 
     def global_batches(self, epoch: int) -> BatchPlan:
         """All ranks' batches for `epoch`, in training order; rank r takes [r::world_size]."""
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        rng = np.random.default_rng([self.seed, epoch])
-        if self.mixture is not None:
-            order = self.mixture.epoch_indices(epoch)
+        if self._rest is not None and self._rest[0] == epoch:
+            order, rng = self._rest[1], np.random.default_rng(self._rest[2])
         else:
-            order = rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))
-        rows, bounds = [], [np.zeros(1, dtype=np.int64)]
-        for lo in range(0, len(order), self.chunk_size):
-            chunk = order[lo : lo + self.chunk_size]
-            # sort by padded size, then by source length, so neighbours pad each other least
-            chunk = chunk[np.lexsort((self.src[chunk], self.sizes[chunk]))]
-            rows.append(chunk)
-            bounds.append(lo + cut_sorted(self.sizes[chunk], self.max_tokens)[1:])
-        plan = _split_to_multiple(BatchPlan(np.concatenate(rows), np.concatenate(bounds)),
-                                  self.world_size)
-        if self.shuffle:
-            plan = plan.take(rng.permutation(len(plan)))
+            order, rng = self.epoch_order(epoch)
+        positions = self.plan_positions(order, rng)
+        plan = BatchPlan(order[positions.rows], positions.bounds)
         self._cache = (epoch, plan)
         return plan
 

@@ -84,10 +84,16 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """`read_lines` as a stream: one line at a time, never the whole file in memory."""
+    """`read_lines` as a stream: one line at a time, never the whole file in memory.
+
+    A path that is not a regular file but can be read (a FIFO, `/dev/stdin`, a process
+    substitution `<(...)`) is read the same way, once: a caller that reads a file twice
+    reads it into memory first (mt-translate's prefixes)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"corpus file not found: {path}")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a file")
     opener = COMPRESSED.get(path.suffix)
     if opener is None:
         try:

@@ -22,6 +22,7 @@ position).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -77,6 +78,12 @@ class CorpusMixture:
 
     def __len__(self) -> int:
         return self.total
+
+    def reseeded(self, seed: int) -> CorpusMixture:
+        """The same mix drawn with another seed."""
+        other = copy.copy(self)
+        other.seed = seed
+        return other
 
     def counts(self, epoch: int) -> list[int]:
         """Pairs each corpus contributes to `epoch` (its phase's weights)."""

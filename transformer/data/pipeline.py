@@ -6,7 +6,9 @@ only) chunk by chunk into the cache (`encode_split.py`), with `data.num_proc` wo
 processes (`workers.py`). A mix of corpora (`data.name=mix`) goes through the same steps
 per corpus, with one vocabulary trained on a sample balanced by the corpora's weights.
 The result is cached under `{cache_dir}/prepared-<key>/`, keyed by the cleaned text's
-digest and every setting that changes it, so a second run only memory-maps it back. For
+digest and every setting that changes it, so a second run only memory-maps it back
+(`prepared_cache.py`: what such a folder holds, and the checksums of every file of it,
+the tokenizer's included, checked when it is opened). For
 local files a `source-<key>` note maps their path, size and mtime to that key, so a run
 on unchanged files finds the cache without reading them; a copied or touched corpus is
 read and cleaned again but finds the same cache by its text.
@@ -15,32 +17,33 @@ Batching lives in `batching.py`, reading corpora in `corpus.py`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import datasets
 import numpy as np
 
 from transformer import outputs
-from transformer.atomic_files import atomic_write
+from transformer.atomic_files import atomic_write, file_sha256, put_in_place, read_json
 from transformer.config import DataConfig
 from transformer.data import corpus
 from transformer.data.batching import batching_statistics, token_lengths
 from transformer.data.clean_split import CleanSplit, clean_corpus
 from transformer.data.corpus import DataError
 from transformer.data.encode_split import ARROW, LengthFilter, SplitWriter
-from transformer.data.mixture import CorpusMixture, mix_sample
+from transformer.data.mixture import mix_sample
+from transformer.data.prepared_cache import PreparedData, open_prepared, write_meta
 from transformer.data.tokenizer import TOKENIZER_RECIPE, Tokenizer, load_or_train_tokenizer
 from transformer.data.workers import Workers
 from transformer.errors import writing
@@ -49,42 +52,6 @@ from transformer.paths import project_path, user_path
 log = logging.getLogger(__name__)
 
 _PIPELINE_VERSION = "3"  # bump when cleaning, encoding or the layout changes, to invalidate caches
-@dataclass
-class PreparedData:
-    """What training needs: the tokenizer and the encoded splits.
-
-    `train` and every dev set have columns `src`, `tgt` (normalised text: dev keeps it for
-    BLEU) and `src_ids`, `tgt_ids` (list[int], no BOS/EOS). With several corpora
-    (`data.name=mix`), `train` holds their pairs one corpus after the other, in the order
-    of `sizes`, and `devs` has one dev set per corpus.
-    """
-
-    tokenizer: Tokenizer
-    train: datasets.Dataset
-    devs: dict[str, datasets.Dataset]
-    sizes: dict[str, int]  # training pairs per corpus, in the order `train` holds them
-    weights: dict[str, float] | None = None  # a mix's weights (share of an epoch's pairs)
-    stats: dict = field(default_factory=dict)  # see `prepare.format_statistics`
-    path: Path | None = None  # the cache folder it was saved to / loaded from
-    from_cache: bool = False
-    # a mix's schedule (data.phases: epochs and weights of the first epochs; data.epoch_pairs),
-    # set from the settings, not the cache: it shapes the draws, not the data
-    phases: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    epoch_pairs: int | None = None
-
-    @property
-    def dev(self) -> datasets.Dataset:
-        """The first dev set (the only one of a single corpus)."""
-        return next(iter(self.devs.values()))
-
-    def mixture(self, seed: int) -> CorpusMixture | None:
-        """How epochs draw from the corpora of a mix (None for a single corpus)."""
-        if self.weights is None:
-            return None
-        phases = [(epochs, [weights.get(c, 0.0) for c in self.sizes]) for epochs, weights in self.phases]
-        return CorpusMixture(list(self.sizes.values()), [self.weights[c] for c in self.sizes], seed,
-                             phases, self.epoch_pairs)
-
 
 class _Timer:
     def __init__(self) -> None:
@@ -191,8 +158,9 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
     with timer("vocabulary"):
         tokenizer, spm_path = _tokenizer(cfg, {name: splits["train"] for name, splits in corpora.items()})
     final = project_path(cfg.cache_dir) / f"prepared-{key}"
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
+    # a folder another process completed first (a DDP rank) is kept; one left half-made is replaced
+    with put_in_place(final, f".{final.name}.tmp-{os.getpid()}",
+                      replace=lambda found: not (found / "meta.json").exists()) as tmp:
         with timer("encode"):
             sizes = {}
             with SplitWriter(tmp / "train" / ARROW) as train:
@@ -206,18 +174,8 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
                     dev.write(splits["dev"], tokenizer, workers, cfg.num_proc, label=f"dev{_prefix(cfg, name)}")
         with timer("save"):
             stats.update(corpus_statistics(tmp, sizes, tokenizer, cfg))
-            (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
-            meta = {"tokenizer": spm_path.name, "settings": _settings(cfg), "corpora": list(sizes),
-                    "sizes": list(sizes.values()),
-                    "weights": [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None,
-                    "sha256": {shard: _sha256(tmp / shard) for shard in _shards(list(sizes))}}
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            if final.exists() and not (final / "meta.json").exists():
-                shutil.rmtree(final, ignore_errors=True)  # left half-made by an older version
-            with contextlib.suppress(OSError):  # a DDP rank saved the same data first: keep theirs
-                tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            write_meta(tmp, spm_path, _settings(cfg), sizes,
+                       [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None, stats)
     prepared = _load_prepared(cfg, key)  # memory-mapped, identical to what a cached run returns
     assert prepared is not None
     prepared.from_cache = False
@@ -236,12 +194,18 @@ def _count_raw(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]], stats
 
 def given_tokenizer(path: str) -> Tokenizer:
     """The SentencePiece model `data.tokenizer` names: a .model file, or a checkpoint
-    directory's tokenizer.model. A missing or unreadable one is a DataError naming it."""
+    directory's tokenizer.model (checked against the SHA-256 the checkpoint's meta.json
+    records). A missing, unreadable or changed one is a DataError naming it."""
     f = user_path(path)
+    recorded = None
     if f.is_dir():
+        recorded = read_json(f / "meta.json").get("tokenizer_sha256")
         f = f / "tokenizer.model"
     if not f.is_file():
         raise DataError(f"data.tokenizer={path}: no SentencePiece model at {f}")
+    if isinstance(recorded, str) and file_sha256(f) != recorded:
+        raise DataError(f"data.tokenizer={path}: {f} is not the tokenizer this checkpoint was written with "
+                        f"(its SHA-256 differs from the one {f.parent / 'meta.json'} records)")
     try:
         return Tokenizer.load(f)
     except Exception as e:
@@ -256,7 +220,7 @@ def _tokenizer(cfg: DataConfig, trains: dict[str, CleanSplit]) -> tuple[Tokenize
     if cfg.tokenizer:  # copied into the cache, which names its tokenizer by file name
         tokenizer = given_tokenizer(cfg.tokenizer)
         path = project_path(cfg.cache_dir) / f"spm-given-{tokenizer.digest}.model"
-        if not path.is_file():
+        if file_sha256(path) != hashlib.sha256(tokenizer.proto).hexdigest():  # none yet, or changed
             atomic_write(path, tokenizer.proto)
         log.info("encoding with the given tokenizer %s (%d pieces)", cfg.tokenizer, tokenizer.vocab_size)
         return tokenizer, path
@@ -345,7 +309,9 @@ def _source_key(cfg: DataConfig) -> str | None:
             return None
         for p in (p for paths in files.values() for p in paths):
             if not p.is_file():
-                raise DataError(f"corpus file not found: {p}")
+                raise DataError(f"corpus file not found: {p}" if not p.exists() else
+                                f"{p}: not a regular file (a FIFO, a device, a process substitution <(...)): "
+                                "preparation reads a corpus more than once; give a file")
             st = p.stat()
             stamps.append((str(p.resolve()), st.st_size, st.st_mtime_ns))
     return hashlib.sha256(json.dumps([_settings(cfg), stamps]).encode()).hexdigest()[:16]
@@ -375,59 +341,9 @@ def _content_key(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]]) -> 
     return hashlib.sha256(json.dumps([_settings(cfg, location=False), digests]).encode()).hexdigest()[:16]
 
 
-def _shards(names: list[str]) -> list[str]:
-    """The cache's Arrow files, relative to its folder."""
-    return [f"train/{ARROW}", *(f"dev/{name}/{ARROW}" for name in names)]
-
-
-def _sha256(path: Path) -> str:
-    """A shard's SHA-256 (its cost on the Europarl recipe's cache: docs/results.md)."""
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _load_prepared(cfg: DataConfig, key: str) -> PreparedData | None:
-    """The cached data of `key`, or None if there is none. A damaged cache is an error
-    that names the file and how to rebuild it.
-
-    Layout: `train/data.arrow` (every corpus's pairs, in the order of `meta.json`'s
-    `corpora`), `dev/<corpus>/data.arrow`, `meta.json` (with each shard's SHA-256, checked
-    here: a changed byte is found before training, not as a traceback in it), `stats.json`.
-    """
-    path = project_path(cfg.cache_dir) / f"prepared-{key}"
-    meta_file = path / "meta.json"
-    if not meta_file.is_file():
-        return None
-    rebuild = f"delete {path} (and the tokenizer it names) to rebuild it"
-    try:
-        meta = json.loads(meta_file.read_text())
-        names, sizes, weights = meta["corpora"], meta["sizes"], meta["weights"]
-        spm_file = path.parent / meta["tokenizer"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise DataError(f"corrupt prepared-data cache {meta_file} ({e!r}): {rebuild}") from None
-    try:
-        tokenizer = Tokenizer.load(spm_file)
-    except Exception as e:
-        raise DataError(f"corrupt cached tokenizer {spm_file} ({' '.join(str(e).split())}): "
-                        f"delete it and {path} to rebuild them") from None
-    try:
-        train = datasets.Dataset.from_file(str(path / "train" / ARROW))
-        devs = {n: datasets.Dataset.from_file(str(path / "dev" / n / ARROW)) for n in names}
-    except Exception as e:
-        raise DataError(f"corrupt prepared-data cache {path} ({' '.join(str(e).split())}): "
-                        f"{rebuild}") from None
-    if len(train) != sum(sizes):
-        raise DataError(f"corrupt prepared-data cache {path} ({len(train)} training pairs, "
-                        f"meta.json says {sum(sizes)}): {rebuild}")
-    for shard, digest in (meta.get("sha256") or {}).items():  # a cache written before checksums has none
-        if _sha256(path / shard) != digest:
-            raise DataError(f"corrupt prepared-data cache {path}: {shard} is not what was written "
-                            f"(its SHA-256 differs from meta.json's): {rebuild}")
-    stats_file = path / "stats.json"
-    stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
-    return PreparedData(tokenizer, train, devs, dict(zip(names, sizes, strict=True)),
-                        dict(zip(names, weights, strict=True)) if weights else None,
-                        stats, path, from_cache=True)
+    """The cached data of `key` (`prepared_cache.open_prepared`: every file checked), or None."""
+    return open_prepared(project_path(cfg.cache_dir) / f"prepared-{key}")
 
 
 # --- evaluation sets -----------------------------------------------------------------

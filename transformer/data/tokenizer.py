@@ -110,6 +110,23 @@ class Tokenizer:
                 raise ValueError(f"{p!r} is a control symbol, not a piece of a text")
         return ids
 
+    def unknown_characters(self, text: str) -> list[str]:
+        """The characters of `text` this vocabulary has no piece for, which SentencePiece
+        encodes as <unk> (and decodes as "⁇"): each once, in order of appearance."""
+        chars = list(dict.fromkeys(c for c in text if not c.isspace()))
+        found = self._sp.encode(chars, out_type=int) if chars else []
+        return [c for c, ids in zip(chars, found, strict=True) if UNK_ID in ids]
+
+    def require_known(self, text: str, where: str, error: type[Exception] = ValueError) -> None:
+        """Refuse (`error`, naming `where`) a text to force into a translation (a target
+        prefix) that holds characters this vocabulary lacks: forced as <unk>, they would
+        begin the translation with "⁇", as `piece_ids` refuses a piece it lacks."""
+        unknown = self.unknown_characters(text)
+        if unknown:
+            them = "it" if len(unknown) == 1 else "them"
+            raise error(f"{where}: {', '.join(map(repr, unknown[:10]))} not in this model's vocabulary: "
+                        f"forced as <unk>, the translation would begin with '\u2047'; remove or replace {them}")
+
     def pieces(self, text: str) -> list[str]:
         """The subword pieces of one text (for labelling attention plots)."""
         return self._sp.encode(text, out_type=str)

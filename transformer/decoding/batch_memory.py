@@ -18,18 +18,29 @@ from transformer.config import DecodeConfig, ModelConfig
 from transformer.errors import ConfigError
 
 
+def decode_cache_bytes(model_cfg: ModelConfig, n_sentences: int, src_len: int, beam: int, max_len: int,
+                       act_bytes: int) -> int:
+    """The bytes of a decoding batch's `DecoderCache` (model/cache.py): R = sentences x
+    beam rows of self-attention keys and values for L = max_len + 1 positions per decoder
+    layer, twice (the buffer and the spare a reorder gathers into), and the memory's keys
+    and values, once per sentence, twice likewise; the position mask beside them."""
+    rows, layers, d = n_sentences * beam, model_cfg.n_decoder_layers, model_cfg.d_model
+    length = max_len + 1  # BOS and up to max_len tokens
+    self_kv = 2 * rows * 2 * layers * length * d * act_bytes
+    cross = 2 * n_sentences * 2 * layers * src_len * d * act_bytes
+    return self_kv + cross + n_sentences * src_len + length * length  # + the bool masks
+
+
 def decode_batch_bytes(model_cfg: ModelConfig, n_sentences: int, src_len: int, beam: int, max_len: int,
                        act_bytes: int) -> int:
-    """An upper estimate of what one decoding batch allocates beyond the weights:
-    R = sentences x beam rows, each with its scores over the vocabulary (logits,
-    log-softmax and the top-k's copy, in fp32), a key and a value per decoder layer for
-    each of its up to `max_len` output tokens (self-attention cache) and `src_len`
-    source tokens (cross-attention cache, fanned out per beam), and the encoder output."""
+    """An upper estimate of what one decoding batch allocates beyond the weights: its
+    cache (`decode_cache_bytes`), each row's scores over the vocabulary (the logits in the
+    compute dtype, and in fp32 the log-probabilities and the top-k's working copy), and the
+    encoder output."""
     rows = n_sentences * beam
-    d, layers = model_cfg.d_model, model_cfg.n_decoder_layers
-    scores = 3 * model_cfg.vocab_size * 4
-    caches = layers * 2 * (max_len + src_len) * d * act_bytes
-    return rows * (scores + caches + src_len * d * act_bytes)
+    scores = rows * model_cfg.vocab_size * (act_bytes + 2 * 4)
+    memory = n_sentences * src_len * model_cfg.d_model * act_bytes
+    return decode_cache_bytes(model_cfg, n_sentences, src_len, beam, max_len, act_bytes) + scores + memory
 
 
 def decode_batch_tokens(model_cfg: ModelConfig, cfg: DecodeConfig, free: int | None, floor: int,

@@ -38,7 +38,8 @@ lenpen > 0 a live beam could in theory still overtake the K-th finished hypothes
 like fairseq we accept that in exchange for not running every sentence to max length.
 
 The search talks to the model only through `encode`, `decode` with a `DecoderCache`,
-and `model.cfg` (bos/eos/pad ids, max_positions), so a scripted fake model can stand in.
+and `model.cfg` (bos/eos/pad ids, max_positions), so a scripted fake model can stand in;
+a compiled step (`decode.compile`) runs `static_step` as well (`decoder_state.py`).
 """
 
 from __future__ import annotations
@@ -50,28 +51,22 @@ import torch.nn.functional as F
 
 from transformer.config import DecodeConfig
 from transformer.decoding.constraints import ConstrainedSteps, Constraints
+from transformer.decoding.decoder_state import DecoderState
 from transformer.decoding.finished import Finished, Hypothesis, length_penalty
-from transformer.model.cache import DecoderCache
 
 __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "length_penalty",
            "logsumexp", "max_lengths", "search"]
 
-# Steps between the host's reads of how many sentences are live, per device type. On a CPU
-# every step: dropping finished rows at once is what pays there. On a GPU a read stops the
-# host until the device has caught up; reading every few steps lets it queue the next
-# steps' kernels meanwhile, at the price of done rows decoding a few steps longer.
-# The CUDA value is a first guess, to be measured (scripts/gpu/gpu_check.py, decode step).
+# The search's defaults per device type (`decode.sync_every`, `decode.buckets`):
+# Steps between the host's reads of how many sentences are live. On a CPU every step:
+# dropping finished rows at once is what pays there. On a GPU a read stops the host until
+# the device has caught up; reading every few steps lets it queue the next steps' kernels
+# meanwhile, at the price of done rows decoding a few steps longer.
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
-# None: the decoder step runs eagerly. Else the keyword arguments of `torch.compile` for
-# the step (`model.decode` on the cache), e.g. {"mode": "reduce-overhead"} to replay it as
-# CUDA graphs on a GPU, or {"fullgraph": True} to fail on any graph break. Not measured
-# on a GPU yet (docs/performance.md, "Decoding on a GPU"): off until it is.
-COMPILE_STEP: dict | None = None
-
-# Device types whose finished rows leave in powers of two (`_live_rows`): a GPU replays a
-# compiled or graphed step per shape, so a batch should have few. A CPU runs eagerly, and
-# dropping every finished row at once is what pays there.
+# Device types whose finished rows leave in powers of two (`_live_rows`) where the step is
+# compiled: a compiled or graphed step has one graph per shape, so a batch should have
+# few. An eager step gains nothing from them: there every finished row leaves at once.
 BUCKETS = {"cuda"}
 
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
@@ -113,58 +108,6 @@ def longest_output(model, src_ids: torch.Tensor, a: float, b: int, min_len: int)
     limit = model.cfg.max_positions - 1
     longest = src_ids.size(1) if a >= 0 else 0
     return max(min(math.floor(a * longest + b), limit), min(min_len, limit))
-
-
-class _DecoderState:
-    """Feeds one token per row, returns next-token log-probabilities, and follows the
-    search's choice of rows.
-
-    With a cache (`DecoderCache`, preallocated to the batch's length bound and rows) each
-    step feeds the rows' last tokens only, and the encoder memory is dropped after the
-    first step, whose cross-attention keys and values the cache keeps. use_cache=False
-    re-runs the decoder over the whole prefix at every step (what `torch.nn.Transformer`
-    users do); it is the reference for tests and benchmarks.
-    """
-
-    def __init__(self, model, src_ids: torch.Tensor, bound: int, max_rows: int,
-                 use_cache: bool = True) -> None:
-        self.model = model
-        self.src_ids: torch.Tensor | None = src_ids  # (R, S) without a cache, else (B, S)
-        self.memory: torch.Tensor | None = model.encode(src_ids)  # likewise (., S, D)
-        self.cache = DecoderCache(bound + 1, max_rows) if use_cache else None
-        self.decode = model.decode
-        if COMPILE_STEP is not None and use_cache:  # one call a step still: model.decode
-            self.decode = torch.compile(lambda *a: model.decode(*a), **COMPILE_STEP)
-        bos = model.cfg.bos_id
-        self.fed = torch.full((src_ids.size(0), 1), bos, device=src_ids.device)  # (R, 1), (R, t+1)
-        self.log_p = torch.empty(max_rows, model.cfg.vocab_size, device=src_ids.device)  # written each step
-
-    def log_probs(self) -> torch.Tensor:
-        """Next-token log-probabilities (R, V), float32: one log-softmax over the logits."""
-        if self.cache is not None and self.memory is None:  # the cache holds what it needs
-            logits = self.decode(self.fed, None, None, self.cache)
-        else:
-            logits = self.model.decode(self.fed, self.memory, self.src_ids, self.cache)
-            if self.cache is not None:
-                self.memory = self.src_ids = None
-        out = self.log_p[:logits.size(0)]
-        return torch.log_softmax(logits[:, -1], dim=-1, dtype=torch.float32, out=out)
-
-    def advance(self, index: torch.Tensor | None, tokens: torch.Tensor,
-                sentences: torch.Tensor | None = None) -> None:
-        """Row i of the next step is row index[i] (R',) of this step (None: row i) plus
-        tokens[i]. sentences (A',): the sentences kept, when some were dropped; None:
-        every row stays among its own sentence's rows."""
-        if self.cache is None:
-            prefix = self.fed if index is None else self.fed.index_select(0, index)
-            self.fed = torch.cat([prefix, tokens[:, None]], dim=1)
-            if index is not None:
-                self.memory = self.memory.index_select(0, index)
-                self.src_ids = self.src_ids.index_select(0, index)
-            return
-        if index is not None:
-            self.cache.reorder(index, cross=False if sentences is None else sentences)
-        self.fed = tokens[:, None]
 
 
 def _forbidden(cfg, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,6 +152,7 @@ def greedy_search(
     sync_every: int = 1,
     buckets: bool = False,
     constraints: Constraints | None = None,
+    compile: str | None = None,
 ) -> list[Hypothesis]:
     """src_ids (B, S) -> the most probable next token at every step, one per sentence.
 
@@ -227,6 +171,8 @@ def greedy_search(
         buckets: finished rows leave in powers of two (`_live_rows`); the result does
             not depend on it.
         constraints: the batch's forced prefixes and n-gram rule (`constraints.py`), or None.
+        compile: a `torch.compile` mode for the cached step (`decoder_state.py`), or None:
+            eager. The result does not depend on it beyond rounding.
 
     Returns:
         One `Hypothesis` per sentence, in input order: its tokens (no BOS or EOS) and its
@@ -242,7 +188,7 @@ def greedy_search(
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     earliest_limit = int(max_len.min())  # the batch's one read before its steps
     finished = Finished(n, 1, bound + 1, n, device, max_len)
-    decoder = _DecoderState(model, src_ids, bound, n, use_cache)
+    decoder = DecoderState(model, src_ids, bound, n, use_cache, compile)
     always, early = _forbidden(cfg, device)
     alive = torch.arange(n, device=device)  # (A,) batch index of each row
     rows = alive  # (A,) each row extends itself
@@ -298,6 +244,7 @@ def beam_search(
     sync_every: int = 1,
     buckets: bool = False,
     constraints: Constraints | None = None,
+    compile: str | None = None,
 ) -> list[list[Hypothesis]]:
     """src_ids (B, S) -> for each sentence its `nbest` best hypotheses, best first.
 
@@ -320,6 +267,8 @@ def beam_search(
         buckets: finished sentences leave in powers of two (`_live_rows`); the result
             does not depend on it.
         constraints: the batch's forced prefixes and n-gram rule (`constraints.py`), or None.
+        compile: a `torch.compile` mode for the cached step (`decoder_state.py`), or None:
+            eager. The result does not depend on it beyond rounding.
 
     Returns:
         For each sentence, in input order, up to `nbest` `Hypothesis`es, best
@@ -338,7 +287,7 @@ def beam_search(
     bound = longest_output(model, src_ids, max_len_a, max_len_b, min_len)
     earliest_limit = int(max_len.min())  # the batch's one read before its steps
     finished = Finished(n, k, bound + 1, n * k, device, max_len)
-    decoder = _DecoderState(model, src_ids, bound, n * k, use_cache)
+    decoder = DecoderState(model, src_ids, bound, n * k, use_cache, compile)
     always, early = _forbidden(cfg, device)
     # per live sentence (A,): hypotheses finished (K: done), batch index, max length; one
     # tensor, so that dropping done sentences is one op
@@ -454,18 +403,22 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig,
     Raises:
         ValueError: an unknown cfg.method, or settings the searches refuse.
 
-    The host reads the device every `SYNC_EVERY[device type]` steps (1 on a CPU).
+    The host reads the device every `cfg.sync_every` steps (None: `SYNC_EVERY` of the
+    device type, 1 on a CPU); rows leave in buckets where `cfg.buckets` says (None: where
+    the step is compiled, on the device types of `BUCKETS`).
     """
-    sync_every = SYNC_EVERY.get(src_ids.device.type, 1)
-    buckets = src_ids.device.type in BUCKETS
+    device = src_ids.device.type
+    sync_every = cfg.sync_every or SYNC_EVERY.get(device, 1)
+    compile = None if cfg.compile == "none" else cfg.compile
+    buckets = cfg.buckets if cfg.buckets is not None else compile is not None and device in BUCKETS
     constraints = Constraints.build(prefixes, cfg.no_repeat_ngram_size, src_ids.device)
     if cfg.method == "greedy":
         hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
                              cfg.lenpen, sync_every=sync_every, buckets=buckets,
-                             constraints=constraints)
+                             constraints=constraints, compile=compile)
         return [[h] for h in hyps]
     if cfg.method == "beam":
         return beam_search(model, src_ids, cfg.beam_size, cfg.lenpen, cfg.nbest,
                            cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every,
-                           buckets=buckets, constraints=constraints)
+                           buckets=buckets, constraints=constraints, compile=compile)
     raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy or beam")

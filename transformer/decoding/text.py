@@ -192,6 +192,10 @@ def first_unit_prefixes(owner: list[int], prefixes: Sequence[list[int] | None] |
         ids = prefixes[line]
         if not ids:
             continue
+        if len(ids) > max_positions - 1:  # no setting lifts the model's own limit
+            raise ConfigError(f"target_prefix of line {line + first_line}: {len(ids)} tokens, above "
+                              f"this model's limit of {max_positions - 1} (model.max_positions="
+                              f"{max_positions}, one of them the BOS): shorten the prefix")
         limit = min(max_positions - 1, max(cfg.min_len, int(cfg.max_len_a * len(src[u]) + cfg.max_len_b)))
         if len(ids) > limit:
             raise ConfigError(f"target_prefix of line {line + first_line}: {len(ids)} tokens, above "

@@ -128,7 +128,8 @@ def encode_prefixes(tokenizer: Tokenizer, target_prefix: object, n: int,
     and encoded as the sources are (normalised); None where no line has one.
 
     Raises:
-        TypeError: a prefix that is not a str or None. ValueError: not one per line.
+        TypeError: a prefix that is not a str or None. ValueError: not one per line, or
+            characters the vocabulary lacks (`Tokenizer.require_known`).
     """
     if target_prefix is None:
         return None
@@ -142,5 +143,8 @@ def encode_prefixes(tokenizer: Tokenizer, target_prefix: object, n: int,
     for i, t in enumerate(texts):
         if t is not None and not isinstance(t, str):
             raise TypeError(f"target_prefix[{i}] is a {type(t).__name__}, not a str or None")
+    for i, t in enumerate(texts):
+        if t:
+            tokenizer.require_known(normalize(t), "target_prefix" if single else f"target_prefix[{i}]")
     ids = [tokenizer.encode([normalize(t)])[0] if t else None for t in texts]
     return ids if any(ids) else None

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -69,7 +68,7 @@ from transformer.decoding.translations import (
 )
 from transformer.device import PRECISIONS, resolve_device, resolve_precision
 from transformer.model.transformer import Transformer
-from transformer.model.weights import copied_in
+from transformer.model.weights import copied_in, floating_dtype
 
 __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
 log = logging.getLogger(__name__)
@@ -104,17 +103,20 @@ class Translator:
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
         self.threads = None if isinstance(model, CT2Model) else threads
+        # dtype -> (the weights' versions when copied, the model's copy in that dtype)
+        self._copies: dict[torch.dtype, tuple[tuple, Transformer]] = {}
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "auto", precision: str = "auto",
              threads: int | None = None, dtype: str = "auto", **settings: Any) -> Translator:
-        """Load a checkpoint directory or a CTranslate2 export (`mt-export`).
+        """Load a checkpoint directory, a run directory or a CTranslate2 export (`mt-export`).
 
         Args:
-            path: a checkpoint directory (`model.json`, ...) or an export (`export.json`).
+            path: a checkpoint directory (`model.json`, ...), an export (`export.json`) or a
+                run directory (as `checkpoint=RUN_DIR`: its best checkpoint, else its newest).
             device: `auto` (CUDA where there is a GPU), `cpu`, `cuda`, `cuda:N`.
-            precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
-                native bf16, else fp32), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
+            precision: `auto` (fp32 on a CPU, as an export computes there; bf16 on a GPU
+                that has it, else fp16), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
             dtype: the weights' (CTranslate2's `compute_type`; `auto`: precision's): no step
                 casts them; a call in another precision decodes on a copy. An export: `auto`.
             threads: a checkpoint: torch's threads during the calls (None: as they are);
@@ -122,7 +124,7 @@ class Translator:
             **settings: defaults for `translate` by `DecodeConfig` field name (not `nbest`).
 
         Raises:
-            CheckpointError: not a checkpoint or an export, or a broken one (path named).
+            CheckpointError: not a checkpoint, a run or an export, or a broken one (path named).
             ConfigError: a bad device, thread count or setting (keyword named), or an
                 export without ctranslate2 (`pip install -e ".[ct2]"`).
         """
@@ -189,7 +191,7 @@ class Translator:
         cfg = self._config(settings, nbest)
         prefixes = encode_prefixes(self.tokenizer, target_prefix, len(batch), single)
         with as_arguments(), torch_threads(self.threads):
-            out = translate_batch(_in_dtype(self.model, cfg), self.tokenizer, batch, cfg, self.device, nbest,
+            out = translate_batch(self._in_dtype(cfg), self.tokenizer, batch, cfg, self.device, nbest,
                                   return_scores or return_attention, return_attention, prefixes)
         return out[0] if single else out
 
@@ -223,7 +225,7 @@ class Translator:
         """
         check_iterable(lines)
         cfg = self._config(settings, nbest)  # a bad setting before any line
-        return translate_windows(_in_dtype(self.model, cfg), self.tokenizer, lines, cfg, self.device, nbest,
+        return translate_windows(self._in_dtype(cfg), self.tokenizer, lines, cfg, self.device, nbest,
                                  return_scores or return_attention, return_attention,
                                  around=lambda: torch_threads(self.threads))
 
@@ -262,7 +264,7 @@ class Translator:
         (src, tgt, single), cfg = as_pairs(sources, targets), self._config(settings, None)
         details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
-            scores = score_lines(_in_dtype(self.model, cfg), self.tokenizer, src, tgt, cfg, self.device, details)
+            scores = score_lines(self._in_dtype(cfg), self.tokenizer, src, tgt, cfg, self.device, details)
         out = scores if details is None else list(zip(scores, details, strict=True))
         return out[0] if single else out
 
@@ -273,14 +275,25 @@ class Translator:
         with as_arguments():  # this call's, checked (an error names the keyword) and resolved once
             return decode_settings(decode_config(self.decode, settings), self.device, self.model)
 
+    def _in_dtype(self, cfg: DecodeConfig) -> Transformer | CT2Model:
+        """The model to decode in cfg's precision: the shared one, which a call never
+        changes (threads may share it), or its copy in that dtype, made at the first call
+        that needs it and kept while the model's weights stay as they were (a model still
+        training gets a fresh copy after its next update)."""
+        model = self.model
+        if isinstance(model, CT2Model):
+            return model
+        dtype = DTYPES[cfg.precision]
+        if floating_dtype(model) in (dtype, None):
+            return model
+        versions = tuple((id(p), p._version) for p in model.parameters())
+        kept = self._copies.get(dtype)
+        if kept is None or kept[0] != versions:
+            kept = self._copies[dtype] = (versions, copied_in(model, dtype))
+        return kept[1]
+
     def __repr__(self) -> str:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
-
-
-def _in_dtype(model: Transformer | CT2Model, cfg: DecodeConfig) -> Transformer | CT2Model:
-    """The model to decode in cfg's precision: the shared one, which a call never changes
-    (threads may share it), or a copy for this call where its weights are in another dtype."""
-    return model if isinstance(model, CT2Model) else copied_in(model, DTYPES[cfg.precision])
 
 
 def _check_threads(threads: Any) -> None:
@@ -318,25 +331,4 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
     decode = decode_settings(decode, torch_device, model)  # once: the Translator keeps it
     if not isinstance(model, CT2Model):  # the weights in the dtype the step computes in
         model = model.to(DTYPES[held or decode.precision])
-    if torch_device.type == "cpu" and not isinstance(model, CT2Model):
-        _warn_if_spinning(threads or torch.get_num_threads())
     return model, tokenizer, where, torch_device, decode
-
-
-_warned_spinning = False
-
-
-def _warn_if_spinning(threads: int) -> None:
-    """A warning where OpenMP's threads will spin against other work: a busy machine and
-    no OMP_WAIT_POLICY (the mt-* commands set PASSIVE; a library leaves the process alone)."""
-    try:
-        load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    except (OSError, AttributeError):  # no load average on this OS
-        return
-    global _warned_spinning
-    if threads > 1 and "OMP_WAIT_POLICY" not in os.environ and load > cores and not _warned_spinning:
-        _warned_spinning = True  # once a process: the load is the machine's, not a Translator's
-        log.warning("this machine is busy (load %.1f on %d cores) and OpenMP's threads spin "
-                    "while they wait: set OMP_WAIT_POLICY=PASSIVE before importing torch "
-                    "(greedy decoding ran 7x faster with it on a loaded 2-core CPU; "
-                    "docs/decoding.md, 'Nothing process-wide')", load, cores)

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import atomic_files, outputs
+from transformer import outputs
 from transformer.checkpoint import META, RUN_CFG, load_model
 from transformer.config import ConfigError
 from transformer.data import sentences
@@ -221,7 +221,7 @@ def export_argos(cfg: ExportConfig) -> Path:
                 z.write(f, f.relative_to(root.parent).as_posix())
         if importlib.util.find_spec("argostranslate") is not None:
             check_with_argostranslate(packed, root)
-        with atomic_files.write_file(out) as tmp_out:  # checked again, swapped in, recorded as ours
+        with outputs.write_file(out) as tmp_out:  # checked again, swapped in, recorded as ours
             os.replace(packed, tmp_out)
     log.info("wrote %s (%s, %.1f MB)", output, cfg.quantization, output.stat().st_size / 1e6)
     return output

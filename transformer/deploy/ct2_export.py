@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from transformer import atomic_files, outputs
+from transformer import outputs
 from transformer.checkpoint import TOKENIZER, load_model
 from transformer.config import ModelConfig, require
 from transformer.data.tokenizer import UNK_ID
@@ -265,7 +265,7 @@ def export_ct2(cfg: ExportConfig) -> Path:
     model, tokenizer = load_model(cfg.checkpoint)
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     converter = CheckpointConverter.from_model(model, pieces)
-    with atomic_files.write_dir(out) as tmp:
+    with outputs.write_dir(out) as tmp:
         quantization = None if cfg.quantization == "none" else cfg.quantization
         converter.convert(str(tmp), quantization=quantization)
         (tmp / TOKENIZER).write_bytes(tokenizer.proto)

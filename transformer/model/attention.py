@@ -113,7 +113,7 @@ class MultiHeadAttention(nn.Module):
         """Attend from queries x (B, T, D) to keys/values kv (B, S, D).
 
         mask: bool, broadcastable to (B, H, T, S), True = may attend. (Incremental
-        decoding runs its own step on these weights: `cache.decode_step`.) causal: mask is
+        decoding takes `step` and `step_cross` instead.) causal: mask is
         causal AND the key padding of a whole right-padded sequence (kv is x): SDPA runs
         `is_causal` without it (the same real outputs). bias: `key_bias(mask)`, built once
         by the caller for every layer: what SDPA reads instead of the mask.
@@ -156,6 +156,70 @@ class MultiHeadAttention(nn.Module):
         if kv is x:
             return fused[0], fused[1], fused[2]
         return self._heads(self.q_proj(x)), fused[0], fused[1]
+
+
+    # Incremental decoding (`layers.DecoderLayer.step`, on a `cache.DecoderCache`): R rows,
+    # T new positions (1 in a search), L the cache's length bound, A sentences.
+
+    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The q, k and v projections as one (3D, D) weight and (3D,) bias."""
+        proj = (self.q_proj, self.k_proj, self.v_proj)
+        return torch.cat([m.weight for m in proj]), torch.cat([m.bias for m in proj])
+
+    def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention's keys and values of the memory (A, S, D), each (A, S, D): once
+        per decoding."""
+        return self.k_proj(memory), self.v_proj(memory)
+
+    def step(self, x: torch.Tensor, kv: torch.Tensor, pos: int | torch.Tensor, mask: torch.Tensor,
+             qkv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Self-attention of x (R, T, D) at positions pos..pos+T-1 on kv (R, 2, H, L, Dh),
+        this layer's cached keys and values, written here at those positions.
+
+        Every query reads all L cached positions under `mask` (1, 1, T, L), True where a
+        key's position is at most the query's: one shape whatever the position, and the
+        same arithmetic eagerly and compiled. pos: an int (eager), or a 0-d long tensor
+        (T = 1: the static step `torch.compile` traces, which reads no Python number that
+        changes from step to step). qkv: `fused_qkv()`, made once per decoding.
+        Returns (R, T, D).
+        """
+        r, t, d = x.shape
+        h = self.n_heads
+        proj = F.linear(x, *qkv).view(r, t, 3, h, d // h)  # (R, T, 3, H, Dh)
+        new = proj[:, :, 1:].permute(0, 2, 3, 1, 4)  # (R, 2, H, T, Dh)
+        if isinstance(pos, torch.Tensor):
+            kv.index_copy_(3, pos.view(1), new)
+        else:
+            kv[:, :, :, pos:pos + t] = new
+        q = proj[:, :, 0].transpose(1, 2)  # (R, H, T, Dh)
+        out = attend(q, kv[:, 0], kv[:, 1], mask, self._sdpa(x))
+        return self.out_proj(out.transpose(1, 2).reshape(r, t, d))
+
+    def step_cross(self, x: torch.Tensor, kv: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Cross-attention of x (R, T, D) to kv (A, 2, H, S, Dh), one set per sentence
+        (`project_memory`), src_mask (A, 1, 1, S): a sentence's W = R / A rows are its W * T
+        queries. Returns (R, T, D)."""
+        r, t, d = x.shape
+        a = kv.size(0)
+        q = self._heads(self.q_proj(x.reshape(a, r // a * t, d)))  # (A, H, W*T, Dh)
+        out = attend(q, kv[:, 0], kv[:, 1], src_mask, self._sdpa(x))  # (A, H, W*T, Dh)
+        return self.out_proj(out.transpose(1, 2).reshape(r, t, d))
+
+    def _sdpa(self, x: torch.Tensor) -> bool:
+        use = x.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
+        return use or torch.compiler.is_compiling()
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           use_sdpa: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dh)) v, (B, H, Q, Dh), for decoding; mask None or bool (.., Q, K),
+    True = may attend. Every query here has a key (BOS, or a real source token)."""
+    if use_sdpa:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5  # (B, H, Q, K)
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1) @ v
 
 
 def set_attention_path(model: nn.Module, use_sdpa: bool | None) -> None:

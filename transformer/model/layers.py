@@ -40,6 +40,16 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """The FFN on a decoding step's x (R, T, D): in eval mode its first product and ReLU
+        are one fused op (`torch._addmm_activation`, what nn.TransformerEncoderLayer's fast
+        path runs)."""
+        if self.training:
+            return self(x)
+        r, t, d = x.shape
+        hidden = torch._addmm_activation(self.linear1.bias, x.reshape(r * t, d), self.linear1.weight.t())
+        return self.linear2(hidden).view(r, t, d)
+
 
 class Residual(nn.Module):
     """One sublayer with its residual connection, dropout and LayerNorm."""
@@ -54,6 +64,15 @@ class Residual(nn.Module):
         if self.pre_norm:
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
+
+    def step(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        """`forward` for a decoding step: in eval mode the sum is written into the
+        sublayer's new output (no tensor allocated for it)."""
+        if self.training:
+            return self(x, sublayer)
+        if self.pre_norm:
+            return sublayer(self.norm(x)).add_(x)
+        return self.norm(sublayer(x).add_(x))
 
 
 class EncoderLayer(nn.Module):
@@ -78,9 +97,9 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Causal self-attention over the target, cross-attention to the encoder's memory, then
-    the FFN; each a Residual (section 3.1). This is the full-sequence forward; incremental
-    decoding runs the same layer one step at a time on a `cache.DecoderCache`
-    (`cache.decode_step`)."""
+    the FFN; each a Residual (section 3.1). `forward` runs a whole target (training,
+    teacher forcing); `step` the new positions of incremental decoding on a
+    `cache.DecoderCache`."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float,
                  attn_dropout: float, ffn_dropout: float, pre_norm: bool) -> None:
@@ -105,3 +124,22 @@ class DecoderLayer(nn.Module):
         x = self.self_attn_res(x, lambda h: self.self_attn(h, h, tgt_mask, causal=True))
         x = self.cross_attn_res(x, lambda h: self.cross_attn(h, memory, src_mask, bias=src_bias))
         return self.ffn_res(x, self.ffn)
+
+    def step(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor,
+        cross: torch.Tensor,
+        src_mask: torch.Tensor,
+        pos: int | torch.Tensor,
+        mask: torch.Tensor,
+        qkv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """x (R, T, D) at positions pos.. (an int, or a 0-d tensor: `MultiHeadAttention.step`);
+        kv (R, 2, H, L, Dh) this layer's self-attention cache, written at those positions,
+        read under `mask` (1, 1, T, L); cross (A, 2, H, S, Dh) its keys and values of the
+        memory, src_mask (A, 1, 1, S); qkv the self-attention's fused projection.
+        Returns (R, T, D)."""
+        x = self.self_attn_res.step(x, lambda h: self.self_attn.step(h, kv, pos, mask, qkv))
+        x = self.cross_attn_res.step(x, lambda h: self.cross_attn.step_cross(h, cross, src_mask))
+        return self.ffn_res.step(x, self.ffn.step)

@@ -47,6 +47,7 @@ def parent_checkpoint(init_from: str, resume: str) -> Path:
     for name in (ckpt.WEIGHTS, ckpt.TOKENIZER):
         if not (path / name).is_file():
             raise ConfigError(f"trainer.init_from={init_from}: checkpoint {path} is missing {name}")
+    ckpt.load_tokenizer(path)  # the one it was written with (its SHA-256), before any data is encoded
     return path
 
 

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 class LogWindow:
     """Training metrics over the updates since the last log line, as fairseq logs them:
     losses are token-weighted means over the window (a single batch's loss jumps with
-    its length bucket), tokens/s counts the window's wall time."""
+    its length bucket), tokens/s counts the window's wall time. Under DDP the metrics
+    added are all ranks' (the trainer's `UpdateMeter` sums them at its read)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -45,19 +46,12 @@ class LogWindow:
         self.nll += metrics["nll_sum"]
         self.tokens += int(metrics["tokens"])
 
-    def summary(self, world_size: int = 1) -> dict[str, float]:
-        """Mean loss and NLL per target token, and target tokens/s over all ranks.
-
-        Args:
-            world_size: the ranks training, each with a window like this one.
-
-        Returns:
-            `loss`, `nll` and `tokens_per_s`.
-        """
+    def summary(self) -> dict[str, float]:
+        """Mean loss and NLL per target token, and target tokens/s: `loss`, `nll` and
+        `tokens_per_s`."""
         n = max(self.tokens, 1)
         seconds = max(time.perf_counter() - self.start, 1e-9)
-        return {"loss": self.loss / n, "nll": self.nll / n,
-                "tokens_per_s": self.tokens * world_size / seconds}
+        return {"loss": self.loss / n, "nll": self.nll / n, "tokens_per_s": self.tokens / seconds}
 
 
 class Logbook:
@@ -66,12 +60,11 @@ class Logbook:
     Args:
         tb_dir: where TensorBoard's event files go; None on ranks other than 0 (no events).
         device: the training device (its peak memory is logged: GPU, or the CPU heap).
-        world_size: the ranks training (tokens/s counts them all).
     """
 
-    def __init__(self, tb_dir: Path | None, device: torch.device, world_size: int = 1) -> None:
+    def __init__(self, tb_dir: Path | None, device: torch.device) -> None:
         self.writer = SummaryWriter(str(tb_dir)) if tb_dir is not None else None
-        self.device, self.world_size = device, world_size
+        self.device = device
         self.window = LogWindow()
         self.bar = tqdm(disable=True)
         self.end: tuple[int, str] = (0, "max_steps")  # where the run ends (`open`)
@@ -116,7 +109,7 @@ class Logbook:
             end: the run's end as estimated now (`Budget.end`): the bar's new total and
                 limit; None: as before.
         """
-        window = self.window.summary(self.world_size)
+        window = self.window.summary()
         if end is not None and end != self.end:
             self.end, self.bar.total = end, end[0]
             self.bar.set_description_str(f"train to {end[1]}", refresh=False)

@@ -11,12 +11,14 @@ where x are the logits and lse = logsumexp(x). Its gradient is softmax(x) - eps 
 - (1 - eps) * onehot(gold). `label_smoothed_nll` computes both in one autograd function,
 in fp32 (or fp64) whatever the logits' dtype, keeping only the logits for the backward
 pass: the output layer and this loss are the largest cost of a training step at an 8k
-vocabulary (profiled in scripts/bench/bench_train.py). Each pass over the (N, V) logits is one
-of PyTorch's fused softmax kernels, which read bf16 and accumulate in fp32 themselves:
-forward a log_softmax (the sums, the gold token and the mean come from it), backward a
-softmax, a subtraction and the multiplication by the incoming gradient written straight
-into the logits' dtype. Copying the logits to fp32 and taking exp by hand would make seven
-passes (docs/performance.md, "The bf16 step on a CPU with native bf16", times both).
+vocabulary (profiled in scripts/bench/bench_train.py). The passes over the (N, V) logits:
+forward a log_softmax in fp32 (the sums, the gold token and the mean come from it),
+backward a softmax, a subtraction and the multiplication by the incoming gradient written
+straight into the logits' dtype. For bf16 logits, eager PyTorch's `log_softmax(...,
+dtype=float32)` and `softmax(..., dtype=float32)` first copy them to fp32 inside the op
+(their kernels upcast in the read for fp16 only); a compiled step fuses that cast into the
+read. Taking exp by hand would make seven passes (docs/performance.md, "The bf16 step on
+a CPU with native bf16", times both).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class _LabelSmoothedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float):
         acc = torch.promote_types(logits.dtype, torch.float32)
-        logp = torch.log_softmax(logits, dim=-1, dtype=acc)  # (N, V): x - lse, one fused pass
+        logp = torch.log_softmax(logits, dim=-1, dtype=acc)  # (N, V): x - lse
         nll_sum = -logp.gather(1, target[:, None]).sum()
         smooth_sum = -logp.mean(dim=-1).sum()
         ctx.save_for_backward(logits, target)

@@ -45,7 +45,8 @@ def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
 
 class DivergenceGuard:
     """Counts consecutive skipped updates (on the device, in the trainer's `UpdateMeter`);
-    `check` raises TrainingDiverged once a streak has reached the limit.
+    `check` raises TrainingDiverged once a streak has reached the limit, or the mean loss
+    since the last read is over the limit of an exploded run.
 
     The count is kept where the updates run, so that no update waits for the host; the
     host looks at it when it reads the meter (at the next log line, validation, save or
@@ -58,15 +59,7 @@ class DivergenceGuard:
         self.limit, self.optim, self.precision = limit, optim, precision
         self.max_loss = EXPLODED * math.log(vocab_size) if vocab_size and vocab_size > 1 else math.inf
         self.vocab_size = vocab_size
-        self.first: tuple[torch.Tensor, int] | None = None  # the first update's (loss_sum, tokens)
-        self.first_loss: float | None = None  # per token, once read
-
-    def first_update(self, loss_sum: torch.Tensor, tokens: int) -> None:
-        """Each update's summed loss (a device tensor, not read here) and tokens: the first
-        of this process, computed with the weights the run starts from, raises the limit of
-        `check` where that loss is above ln V."""
-        if self.first is None and self.first_loss is None:
-            self.first = (loss_sum.detach(), tokens)
+        self.first_loss: float | None = None  # the first update's per token, once read
 
     def counts(self, applied: torch.Tensor, loss_scale: torch.Tensor | None) -> torch.Tensor:
         """Whether an update counts toward divergence (a device bool): it was skipped and,
@@ -80,10 +73,13 @@ class DivergenceGuard:
     def check(self, step: int, reading: dict[str, float]) -> None:
         """After a read of the trainer's meter: `step` is the number of updates applied,
         `reading` the meter's (`worst_streak`, the last skipped update's `bad_loss` and
-        `bad_grad_norm`; `loss_sum` and `tokens` of the finite losses since the last read)."""
-        if self.first is not None:  # read once, with the meter's read
-            loss, tokens = self.first
-            self.first, self.first_loss = None, float(loss) / tokens if tokens else 0.0
+        `bad_grad_norm`; `loss_sum` and `tokens` of the finite losses since the last read;
+        `first_loss_sum` and `first_tokens` of this process's first update, whose loss,
+        computed with the weights the run starts from, raises the limit where it is above
+        ln V). Under DDP the losses and tokens are all ranks' (`UpdateMeter.read`), so every
+        rank raises at the same read, with the same message."""
+        if self.first_loss is None and reading["first_tokens"]:
+            self.first_loss = reading["first_loss_sum"] / reading["first_tokens"]
             if math.isfinite(self.first_loss):
                 self.max_loss = max(self.max_loss, EXPLODED * self.first_loss)
         mean_loss = reading["loss_sum"] / reading["tokens"] if reading["tokens"] else 0.0

@@ -109,6 +109,11 @@ class Updater:
         self.applied.fill_(applied)
         self.applied_host = applied
 
+    def lr_of(self, update: int) -> float:
+        """The lr applied update number `update` (counting from 1) runs with: what the log
+        reports beside that update (the schedule's host record is the next update's)."""
+        return inverse_sqrt_lr(update, self.peak, self.warmup)
+
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Clip and step (or skip); returns the gradient norm and whether it was applied
         (0-d device tensors, float and bool), and zeroes the gradients."""

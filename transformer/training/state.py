@@ -7,7 +7,7 @@ writes a run's checkpoints, keeps the last N and resumes exactly from one.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer.config import OptimConfig, TrainerConfig
+from transformer.data import epoch_resume
+from transformer.data.batching import TokenBatchSampler
 from transformer.data.tokenizer import Tokenizer
 from transformer.model.transformer import Transformer
 from transformer.training.distributed import rng_state, set_rng_state
@@ -35,6 +37,16 @@ class TrainState:
     best_bleu: float = -1.0  # best selection score (Validator.selection_score)
     bad_validations: int = 0  # validations since the best dev BLEU (early stopping)
     train_seconds: float = 0.0
+    # the batchings `epoch` ran under before the present one, each with the global
+    # batches it took (`data.epoch_resume`: a resume with other batching settings)
+    epoch_parts: list[dict] = field(default_factory=list)
+
+    def at(self, epoch: int, batch_index: int) -> None:
+        """Training's position: batch `batch_index` of `epoch` is the next (a new epoch
+        starts with no earlier batchings)."""
+        if epoch != self.epoch:
+            self.epoch_parts = []
+        self.epoch, self.batch_index = epoch, batch_index
 
 
 class Checkpoints:
@@ -44,19 +56,20 @@ class Checkpoints:
     `owned` names the checkpoints of this run already in its directory (a resumed run's):
     only those and the ones written here are replaced or pruned. Only rank 0 writes.
     `optim` is the schedule in effect now (a resume applies it from the resumed step) and
-    `pad_to_multiple` the batching's resolved padding (a resume must batch as its run did).
+    `sampler` the training batches (a resume with other batching settings continues the
+    epoch with the pairs it has not seen: `data.epoch_resume`).
     """
 
     def __init__(self, tc: TrainerConfig, run_config_yaml: str, model: Transformer, tokenizer: Tokenizer,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
                  scaler: torch.amp.GradScaler, owned: set[str] | None = None, is_main: bool = True,
-                 optim: OptimConfig | None = None, pad_to_multiple: int = 1) -> None:
+                 optim: OptimConfig | None = None, sampler: TokenBatchSampler | None = None) -> None:
         self.run_dir, self.keep_last, self.init_from = Path(tc.run_dir), tc.keep_last, tc.init_from
         self.run_config_yaml, self.model, self.tokenizer = run_config_yaml, model, tokenizer
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.owned = set(owned or ())
         self.is_main = is_main
-        self.optim, self.pad_to_multiple = optim or OptimConfig(), pad_to_multiple
+        self.optim, self.sampler = optim or OptimConfig(), sampler
 
     def trainer_state(self, state: TrainState) -> dict[str, Any]:
         """What `trainer_state.pt` holds: tensors and plain containers only, so that it
@@ -77,7 +90,7 @@ class Checkpoints:
             "train_state": asdict(state),
             # what a resume compares with its own settings (`load`)
             "schedule": {"lr": self.optim.lr, "warmup_steps": self.optim.warmup_steps},
-            "batching": {"pad_to_multiple": self.pad_to_multiple},
+            "batching": self.sampler.settings if self.sampler is not None else {},
         }
 
     def save(self, name: str, state: TrainState, with_state: bool = True, also: str | None = None) -> Path | None:
@@ -130,7 +143,7 @@ class Checkpoints:
 
         Raises:
             CheckpointError: a file of the checkpoint is missing or unreadable.
-            RunDirError: its tokenizer is not this run's, or its run batched otherwise.
+            RunDirError: its tokenizer is not this run's.
         """
         weights, tokenizer = ckpt.load_model(path, device)
         saved = ckpt.load_trainer_state(path)
@@ -139,13 +152,6 @@ class Checkpoints:
                 f"cannot resume from {path}: its tokenizer differs from the one prepared for "
                 f"this run's data (the corpus or data.* settings changed); start a new "
                 f"trainer.run_dir or set trainer.resume=never")
-        padded = saved.get("batching", {}).get("pad_to_multiple", self.pad_to_multiple)
-        if padded != self.pad_to_multiple:
-            raise RunDirError(
-                f"cannot resume from {path}: its run padded batches to a multiple of {padded}, "
-                f"data.pad_to_multiple resolves to {self.pad_to_multiple} here, and its data "
-                f"position counts batches; set data.pad_to_multiple={padded}, or start a new "
-                f"trainer.run_dir")
         self.model.load_state_dict(weights.state_dict())
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
@@ -155,7 +161,32 @@ class Checkpoints:
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step,
                  state.epoch, state.batch_index)
         self._apply_schedule(saved, state.step)
+        if self.sampler is not None:
+            self._continue_epoch(saved.get("batching") or {}, state)
         return state
+
+    def _continue_epoch(self, saved: dict[str, int], state: TrainState) -> None:
+        """The data position under this run's batching (`data.epoch_resume`): another one,
+        mid-epoch, goes on with the epoch's pairs not seen yet. A change is logged."""
+        now = self.sampler.settings
+        changed = epoch_resume.changes(saved, now)
+        state.batch_index, state.epoch_parts = epoch_resume.resumed_position(
+            state.batch_index, state.epoch_parts, saved, now)
+        left = epoch_resume.continue_epoch(self.sampler, state.epoch, state.epoch_parts)
+        if not changed:
+            return
+        if epoch_resume.data_changed(saved, now):
+            log.warning("resumed with other training data (%s): epoch %d starts again from its first batch",
+                        ", ".join(changed), state.epoch)
+            return
+        if not state.epoch_parts:
+            log.info("resumed with other batching (%s) from the start of epoch %d", ", ".join(changed), state.epoch)
+            return
+        seed = state.epoch_parts[0]["seed"]
+        later = "" if seed == now["seed"] else (f"; trainer.seed {now['seed']} takes effect at epoch "
+                                                 f"{state.epoch + 1}, epoch {state.epoch} keeps the order seed {seed} drew")
+        log.info("resumed mid-epoch %d with other batching (%s): the epoch goes on with the %d pairs it has "
+                 "not seen yet%s", state.epoch, ", ".join(changed), left, later)
 
     def _apply_schedule(self, saved: dict[str, Any], step: int) -> None:
         """The schedule in effect now (`optim.lr`, `optim.warmup_steps`) from update `step`

@@ -21,7 +21,8 @@ is taken there (`Updater`); the host counts each update as applied and recounts
                                              | yes: a log, validation or save step,
                                              |      the end, a signal, or a streak of skips
                                              v
-      `read_and_recount`: UpdateMeter.read_and_recount, the one read (.tolist())
+      `read_and_recount`: UpdateMeter.read_and_recount, the one read (.tolist();
+          under DDP, the ranks' losses and tokens all-reduced in it first)
           state.step -= skipped; state.skipped_steps += skipped
           the schedule set at state.step; the log window gets the reading;
           the divergence guard looks at the streak;
@@ -46,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
 from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
-from transformer.data.pipeline import PreparedData
+from transformer.data.prepared_cache import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
 from transformer.training.budget import Budget
@@ -83,17 +84,17 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
-        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
-                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, pad_to_multiple=self.pad_to)
         self.train_ids = TokenIds(data.train, model.cfg.vocab_size)  # numpy: batches built without the GIL
         self.sampler = TokenBatchSampler(
             *self.train_ids.lengths(), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
             mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
         )
+        self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
+                                       self.scaler, owned, dist_info.is_main, optim=cfg.optim, sampler=self.sampler)
         self.budget = Budget(self.tc, self.sampler)  # what ends the run, and when
         self.update = Updater(model, self.optimizer, self.scaler, cfg.optim, device)
-        self.meter = UpdateMeter(device)
+        self.meter = UpdateMeter(device, dist_info.world_size)  # under DDP its reads sum every rank's
         self.read_every_update = False  # read after every update (a streak of skipped ones is under way)
         self.last_reading: dict[str, float] = {"last_applied": 0.0, "grad_norm": 0.0}
         self.trim_heap = HeapTrimmer(self.tc.heap_slack_gb if device.type == "cpu" else None)
@@ -103,9 +104,8 @@ class Trainer:
             after_batch=self.trim_heap)
         self.ddp = wrapped_in_ddp(model, device)  # DDP itself, whose `no_sync` `train_step` holds
         self.forward = TrainForward(model, self.ddp or model, self.tc.precision, device, self.tc.compile)
-        self.net: torch.nn.Module = self.forward.net  # what runs the forward: model, DDP, DDP compiled
         run_dir = Path(self.tc.run_dir)
-        self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device, dist_info.world_size)
+        self.logbook = Logbook(run_dir / "tb" if dist_info.is_main else None, device)
         self.signals = StopSignal(run_dir / "checkpoints")
         self.guard = DivergenceGuard(self.tc.diverge_after, cfg.optim, self.tc.precision, model.cfg.vocab_size)
 
@@ -147,7 +147,7 @@ class Trainer:
                     log.info("%s reached at step %d", limit, s.step)
                     break
                 self.train_step([b for _, _, b in micro])
-                s.epoch, s.batch_index = epoch, index + 1  # position of the next batch
+                s.at(epoch, index + 1)  # position of the next batch
                 s.train_seconds += time.perf_counter() - t0
                 self.trim_heap()
                 if not self._due():
@@ -155,7 +155,7 @@ class Trainer:
                 # a skipped update advances nothing, but the stop signal is still heeded
                 if self.read_and_recount()["last_applied"]:
                     if s.step % tc.log_every == 0:
-                        self.logbook.train(s, self.last_reading, self.scheduler.get_last_lr()[0],
+                        self.logbook.train(s, self.last_reading, self.update.lr_of(s.step),  # the update's own lr
                                            self.budget.end(s))
                     if s.step % tc.val_every == 0:
                         early_stop = self._validate_and_save()
@@ -238,7 +238,7 @@ class Trainer:
         """One optimizer update over `batches` (gradient accumulation), read nowhere: counted
         as applied until `read_and_recount` reads whether it was. Returns its metrics: `loss_sum`,
         `nll_sum`, `grad_norm`, `applied` (device tensors), `tokens` (an int, this rank's)."""
-        self.net.train()
+        self.forward.net.train()  # what runs the forward: model, DDP, DDP compiled
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # shapes: known on the host
         norm = token_normaliser(n_tokens, self.dist, self.device)
         loss_sum = nll_sum = 0
@@ -257,7 +257,6 @@ class Trainer:
                    "applied": applied, "tokens": n_tokens}
         scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
         self.meter.add(metrics, self.guard.counts(applied, scale))
-        self.guard.first_update(loss_sum, n_tokens)
         return metrics
 
     def validate(self) -> dict[str, DevResult]:
