@@ -37,6 +37,7 @@ the same calls made one after another would give. Not safe: changing the Transla
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -45,7 +46,7 @@ from typing import Any, Literal, overload
 
 import torch
 
-from transformer.checkpoint import load_model
+from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig, at_most_workers, check_device, positive
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import (
@@ -69,7 +70,7 @@ from transformer.decoding.translations import (
 )
 from transformer.device import PRECISIONS, resolve_device, resolve_precision
 from transformer.model.transformer import Transformer
-from transformer.model.weights import copied_in, floating_dtype
+from transformer.model.weights import DtypeCopies, floating_dtype, rounds_to
 
 __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
 log = logging.getLogger(__name__)
@@ -104,8 +105,8 @@ class Translator:
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
         self.threads = None if isinstance(model, CT2Model) else threads
-        # dtype -> (the weights' versions when copied, the model's copy in that dtype)
-        self._copies: dict[torch.dtype, tuple[tuple, Transformer]] = {}
+        # the model in each dtype a call asks for (`load` gives the checkpoint it rounded)
+        self._copies = None if isinstance(model, CT2Model) else DtypeCopies(model)
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "auto", precision: str = "auto",
@@ -118,7 +119,9 @@ class Translator:
             precision: `auto` (bf16 on a GPU that has it, else fp16; bf16 on a CPU with
                 native bf16, else fp32), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
             dtype: the weights' (CTranslate2's `compute_type`; `auto`: precision's): no step
-                casts them; a call in another precision decodes on a copy. An export: `auto`.
+                casts them; a call in another precision decodes on a copy, of the
+                checkpoint's own weights where these are rounded (`_checkpoint_in`).
+                An export: `auto`.
             threads: a checkpoint: torch's threads during the calls (None: as they are);
                 an export: CTranslate2's workers (None: 2). mt-translate's `threads`.
             **settings: defaults for `translate` by `DecodeConfig` field name (not `nbest`).
@@ -129,9 +132,14 @@ class Translator:
                 export without ctranslate2 (`pip install -e ".[ct2]"`).
         """
         with as_arguments():
-            model, tokenizer, where, torch_device, decode = _open(path, str(device), precision,
-                                                                 threads, settings, dtype)
-        return cls(model, tokenizer, device=torch_device, decode=decode, path=where, threads=threads)
+            model, tokenizer, where, torch_device, decode, rounded = _open(
+                path, str(device), precision, threads, settings, dtype)
+        translator = cls(model, tokenizer, device=torch_device, decode=decode, path=where,
+                         threads=threads)
+        if rounded:  # a call in another dtype decodes on the checkpoint's own weights
+            translator._copies = DtypeCopies(model, functools.partial(
+                _checkpoint_in, where, model, torch_device))
+        return translator
 
     # a str gives one result, an iterable a list; nbest: a list each; return_scores: Translations
     @overload
@@ -186,6 +194,7 @@ class Translator:
             ConfigError: a bad setting (named: `beam_size=0`), a prefix past its line's
                 length limit, attention of an export.
             TypeError: a line that is not a str, or bytes. ValueError: not one prefix a line.
+            CheckpointError: a wider precision whose checkpoint changed (`_checkpoint_in`).
         """
         batch, single = as_lines(lines)
         cfg = self._config(settings, nbest)
@@ -277,23 +286,34 @@ class Translator:
 
     def _in_dtype(self, cfg: DecodeConfig) -> Transformer | CT2Model:
         """The model to decode in cfg's precision: the shared one, which a call never
-        changes (threads may share it), or its copy in that dtype, made at the first call
-        that needs it and kept while the model's weights stay as they were (a model still
-        training gets a fresh copy after its next update)."""
-        model = self.model
-        if isinstance(model, CT2Model):
-            return model
-        dtype = DTYPES[cfg.precision]
-        if floating_dtype(model) in (dtype, None):
-            return model
-        versions = tuple((id(p), p._version) for p in model.parameters())
-        kept = self._copies.get(dtype)
-        if kept is None or kept[0] != versions:
-            kept = self._copies[dtype] = (versions, copied_in(model, dtype))
-        return kept[1]
+        changes (threads may share it), or the model in that dtype (`DtypeCopies`: made at
+        the first call that asks, kept while the weights stay; from the checkpoint's own
+        weights where `load` holds them rounded, so that a call computes what
+        `mt-translate decode.precision=...` computes)."""
+        return self.model if self._copies is None else self._copies.get(DTYPES[cfg.precision])
 
     def __repr__(self) -> str:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
+
+
+def _checkpoint_in(path: Path, held: Transformer, device: torch.device,
+                   dtype: torch.dtype) -> Transformer:
+    """The checkpoint's own weights in `dtype`, read again: those that `held`'s are a
+    rounding of (a CTranslate2 user's expectation: the model read from disk is converted
+    to the compute type asked for). CheckpointError, in one line naming the precision,
+    where the checkpoint cannot be read or no longer holds them."""
+    names = {d: name for name, d in DTYPES.items()}
+    asked, kept = names[dtype], names.get(floating_dtype(held))
+    try:
+        found, _ = load_model(path, device)
+    except CheckpointError as e:
+        raise CheckpointError(f"precision={asked!r} decodes on the checkpoint's own weights, "
+                              f"which this Translator holds in {kept}: {e}") from None
+    if not rounds_to(found, held):
+        raise CheckpointError(f"precision={asked!r}: {path} no longer holds the weights this "
+                              f"Translator holds in {kept} (it changed since it was loaded): "
+                              "load it again")
+    return found.to(dtype)
 
 
 def _check_threads(threads: Any) -> None:
@@ -307,9 +327,10 @@ def _check_threads(threads: Any) -> None:
 
 def _open(path: str | Path, device: str, precision: str, threads: int | None,
           settings: dict[str, Any], dtype: str = "auto",
-          ) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
+          ) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig, bool]:
     """`Translator.load`'s work: every argument checked before any is used, then the model
-    read (no process-wide setting: the commands' `loading.load_for_inference` makes those)."""
+    read (no process-wide setting: the commands' `loading.load_for_inference` makes those).
+    The last value: whether the weights are held rounded (in a dtype narrower than saved)."""
     if "nbest" in settings:
         raise ConfigError("nbest: give it to translate(), whose result it shapes")
     check_device("device", device)
@@ -329,11 +350,14 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
         held = resolve_precision(dtype, torch_device, key="dtype")[0] if dtype != "auto" else None
         model, tokenizer = load_model(where, torch_device)
     decode = decode_settings(decode, torch_device, model)  # once: the Translator keeps it
+    rounded = False
     if not isinstance(model, CT2Model):  # the weights in the dtype the step computes in
-        model = model.to(DTYPES[held or decode.precision])
+        saved, target = floating_dtype(model), DTYPES[held or decode.precision]
+        rounded = target not in (saved, torch.float32)  # only fp32 holds every other exactly
+        model = model.to(target)
     if torch_device.type == "cpu" and not isinstance(model, CT2Model):
         _warn_if_spinning(threads or torch.get_num_threads())
-    return model, tokenizer, where, torch_device, decode
+    return model, tokenizer, where, torch_device, decode, rounded
 
 
 _warned_spinning = False
