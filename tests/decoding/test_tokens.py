@@ -2,8 +2,8 @@
 
 Properties, on a random tiny checkpoint that ends about a third of its sentences early
 (and on its CTranslate2 export): each translation's score is the sum of its token scores
-over the search's length penalty; `score` of its tokens gives that score back on every
-line; the attention rows are
+over the search's length penalty; `score` of the Translation gives that score back on
+every line (of its tokens alone, on every line of one sentence); the attention rows are
 the last decoder layer's weights (the module's own, `store_weights`, averaged over heads)
 and sum to 1 within the rounding of the precision they are computed in; the forced
 pass's logits are the model's forward's.
@@ -58,6 +58,7 @@ def check_tokens(translator: Translator, keywords: dict, lenpen: float, tol: flo
     for line, t in zip(sources_of(LINES, found), hyps, strict=True):
         sentences = 2 if line == LINES[-1] else 0 if not line else 1
         assert len(t.token_scores) == len(t.tokens) + sentences
+        assert len(t.segments) == sentences and sum(t.segments) == len(t.tokens)
         if sentences == 1:  # score = sum / lp, EOS last
             lengths.add(len(t.tokens))
             assert t.score == pytest.approx(sum(t.token_scores) / length_penalty(len(t.tokens) + 1, lenpen),
@@ -73,7 +74,10 @@ def check_tokens(translator: Translator, keywords: dict, lenpen: float, tol: flo
     for (score, token_scores), (_, t) in zip(with_tokens, single, strict=True):
         assert token_scores == pytest.approx(t.token_scores, abs=tol)
         assert score == pytest.approx(t.score, abs=tol)
-    unsplit = dict(keywords, split_sentences=False)  # every line, two sentences included
+    # the Translations themselves: every line, two sentences and an empty one included
+    assert translator.score(sources_of(LINES, found), hyps, **keywords) == \
+        pytest.approx([t.score for t in hyps], abs=tol)
+    unsplit = dict(keywords, split_sentences=False)  # a line of two sentences, decoded whole
     found = translator.translate(LINES, return_scores=True, **SHORT, **unsplit)
     hyps = entries(found)
     assert translator.score(sources_of(LINES, found), [t.tokens for t in hyps], **unsplit) == \

@@ -373,13 +373,74 @@ def test_a_translation_that_does_not_split_like_its_source_is_scored_whole(words
     assert found[1] == pytest.approx(translator.score(line, target, split_sentences=False), abs=1e-5)
 
 
+PARAGRAPHS = ["Che ore sono? Ti chiamo stasera. Vado a casa.", "", "Sì, certo! Dove sei?", "Ciao"]
+
+
+@pytest.mark.parametrize("keywords", [dict(method="greedy"), dict(beam_size=3, nbest=2, lenpen=1.0)])
+def test_a_translation_rescores_to_its_own_score_on_lines_of_several_sentences(words, keywords):
+    """The words model writes no full stop, so its translation of a line of several
+    sentences is one sentence of text: the Translation's segments, not the splitter, pair
+    its pieces with the source's sentences (the text alone is scored whole, otherwise)."""
+    translator = Translator.load(words, precision="fp32", **SHORT)
+    found = translator.translate(PARAGRAPHS, return_scores=True, **keywords)
+    hyps, sources = flat(found), [line for line, entry in zip(PARAGRAPHS, found, strict=True)
+                                  for _ in (entry if isinstance(entry, list) else [entry])]
+    best = [entry if isinstance(entry, Translation) else entry[0] for entry in found]
+    alone = translator.translate(split_sentences(PARAGRAPHS[0]), return_scores=True, **keywords)
+    assert segments_of(best[0]) == [(a if isinstance(a, Translation) else a[0]).tokens for a in alone]
+    assert best[1].segments == [] and best[3].segments == [len(best[3].tokens)]
+    assert any(len(h.segments) > 1 and len(split_sentences(h.text)) == 1 for h in hyps)
+    assert translator.score(sources, hyps, **keywords) == pytest.approx([h.score for h in hyps], abs=1e-4)
+    for (score, per_token), h in zip(translator.score(sources, hyps, return_tokens=True, **keywords),
+                                     hyps, strict=True):
+        assert per_token == pytest.approx(h.token_scores, abs=1e-4)
+        assert score == pytest.approx(h.score, abs=1e-4)
+    as_text = translator.score(sources, [h.text for h in hyps], **keywords)  # scored whole
+    assert max(abs(a - h.score) for a, h in zip(as_text, hyps, strict=True)) > 0.1
+    lazily = flat(translator.translate_iterable(PARAGRAPHS, return_scores=True, batch_tokens=5, **keywords))
+    assert translator.score(sources, lazily, **keywords) == pytest.approx([h.score for h in lazily], abs=1e-4)
+
+
+def segments_of(t: Translation) -> list[list[str]]:
+    """A Translation's tokens cut into its units' pieces."""
+    ends = list(itertools.accumulate(t.segments))
+    return [t.tokens[end - n:end] for end, n in zip(ends, t.segments, strict=True)]
+
+
+def test_a_line_translated_in_pieces_rescores_to_its_own_score(words):
+    """A sentence longer than the model reads (32 positions here, 512 in the recipes) is
+    translated in pieces, here into more tokens than the model writes at once (31): its
+    Translation is scored piece by piece, as it was translated; its text or its tokens
+    alone, which nothing pairs with the pieces, are refused in one line naming the limit."""
+    translator = Translator.load(words, precision="fp32")
+    line = ", ".join(["il gatto dorme sul divano della nonna"] * 5) + "."
+    assert len(translator.tokenizer.encode([line])[0]) > 32
+    t = translator.translate(line, return_scores=True, max_len_a=0, max_len_b=12, min_len=10)
+    assert len(t.segments) > 1 and len(t.tokens) > 31 and sum(t.segments) == len(t.tokens)
+    assert translator.score(line, t) == pytest.approx(t.score, abs=1e-4)
+    total, per_token = translator.score([line], [t], return_tokens=True)[0]
+    assert per_token == pytest.approx(t.token_scores, abs=1e-4) and total == pytest.approx(t.score, abs=1e-4)
+    for alone in (t.text, t.tokens):
+        with pytest.raises(ValueError) as info:
+            translator.score(["Ciao", line], ["Hi", alone])
+        assert re.fullmatch(r"line 2: a source of \d+ tokens, translated in \d+ sentences or pieces, "
+                            r"and a translation of 1: it cannot be scored whole, as this model reads "
+                            r"at most 32 tokens \(model.max_positions\); give the Translation itself, "
+                            r"whose segments pair them", str(info.value))
+    with pytest.raises(ValueError, match=rf"^targets\[0\]: a translation of {len(t.segments)} "
+                                         r"sentences or pieces for a source of 1: score it with the line"):
+        translator.score("Ciao", t)
+    with pytest.raises(ValueError, match=r"^targets\[0\]: its segments \[1\] do not add up to its 2 tokens"):
+        translator.score("Ciao", Translation("Hi there", -1.0, ["▁Hi", "▁there"], segments=[1]))
+
+
 def test_score_refuses_what_it_cannot_pair(words):
     translator = Translator.load(words)
     with pytest.raises(ValueError, match="2 sources but 1 targets"):
         translator.score(["Ciao", "Sì"], ["Hi"])
     with pytest.raises(TypeError, match="both as a str, or both as lists"):
         translator.score(["Ciao"], "Hi")
-    with pytest.raises(TypeError, match=r"both as a str \(or a str and a list of pieces\)"):
+    with pytest.raises(TypeError, match=r"both as a str \(or a str and a list of pieces, or a Translation\)"):
         translator.score("Ciao", ("Hi",))
     with pytest.raises(ValueError, match=r"^targets\[0\]: 'Hi' is not a piece of this model's vocabulary"):
         translator.score("Ciao", ["Hi"])  # a str and a list: the list is pieces
@@ -707,8 +768,7 @@ def test_a_call_wider_than_the_held_weights_decodes_on_the_checkpoints_own(words
     expected = exact.translate(lines, return_scores=True)
     wide = held.translate(lines, precision="fp32", return_scores=True)
     assert [(t.text, t.score) for t in wide] == [(t.text, t.score) for t in expected]
-    texts = [t.text for t in expected]
-    assert held.score(lines, texts, precision="fp32") == exact.score(lines, texts)
+    assert held.score(lines, wide, precision="fp32") == exact.score(lines, expected)
     assert reads == [words]  # once: the second call used what the first read
     assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}  # the held ones untouched
     overrides = ["decode.precision=fp32", "decode.max_len_a=0", "decode.max_len_b=10"]

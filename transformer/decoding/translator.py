@@ -239,27 +239,31 @@ class Translator:
                                  around=lambda: torch_threads(self.threads))
 
     @overload
-    def score(self, sources: str, targets: str | list[str], *,
+    def score(self, sources: str, targets: str | list[str] | Translation, *,
               return_tokens: Literal[False] = False, **settings: Any) -> float: ...
     @overload
-    def score(self, sources: str, targets: str | list[str], *, return_tokens: Literal[True],
-              **settings: Any) -> tuple[float, list[float]]: ...
+    def score(self, sources: str, targets: str | list[str] | Translation, *,
+              return_tokens: Literal[True], **settings: Any) -> tuple[float, list[float]]: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *,
               return_tokens: Literal[False] = False, **settings: Any) -> list[float]: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *,
               return_tokens: Literal[True], **settings: Any) -> list[tuple[float, list[float]]]: ...
 
-    def score(self, sources: str | Iterable[str], targets: str | list[str] | Iterable[str | list[str]],
+    def score(self, sources: str | Iterable[str],
+              targets: str | list[str] | Translation | Iterable[str | list[str] | Translation],
               *, return_tokens: bool = False, **settings: Any) -> Any:
         """The model's score of each given translation, as the search scores its own
         (`scoring.score_lines`). A text is tokenised again; pieces (`Translation.tokens`)
-        are scored as they are: the search's score for a line of one sentence.
+        are scored as they are: the search's score for a line of one sentence; a
+        `Translation` as its pieces, cut into the line's sentences and pieces where its
+        `segments` say: the search's score for any line it was translated from.
 
         Args:
             sources: the Italian lines (or one str).
-            targets: one per source (one with a str): a text or a list of pieces.
+            targets: one per source (one with a str): a text, a list of pieces or a
+                `Translation` (`translate(..., return_scores=True)`'s).
             return_tokens: give (score, token_scores) per line (`Translation.token_scores`).
             **settings: as for `translate`; `lenpen`, `split_sentences`, `batch_tokens`,
                 `precision` apply, and for an export `min_len`.
@@ -268,12 +272,17 @@ class Translator:
 
         Raises:
             ConfigError: a bad setting. TypeError: lines that are not str. ValueError:
-                unpaired lines, a target too long, a piece not in the vocabulary.
+                unpaired lines, a target too long, a piece not in the vocabulary, a
+                Translation of another line, a line to be scored whole (its text does
+                not split as its source) longer than the model reads.
+            CheckpointError: as for `translate`.
         """
-        (src, tgt, single), cfg = as_pairs(sources, targets), self._config(settings, None)
+        src, given, single = as_pairs(sources, targets, Translation)
+        cfg, (tgt, segments) = self._config(settings, None), _unpacked(given)
         details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
-            scores = score_lines(self._in_dtype(cfg), self.tokenizer, src, tgt, cfg, self.device, details)
+            scores = score_lines(self._in_dtype(cfg), self.tokenizer, src, tgt, cfg, self.device,
+                                 details, segments)
         out = scores if details is None else list(zip(scores, details, strict=True))
         return out[0] if single else out
 
@@ -294,6 +303,22 @@ class Translator:
 
     def __repr__(self) -> str:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
+
+
+def _unpacked(targets: list[str | list[str] | Translation],
+              ) -> tuple[list[str | list[str]], list[list[int] | None]]:
+    """`score`'s targets as texts or pieces, and each one's segments: a Translation's
+    pieces (its text where it has none) and segments, None for the others."""
+    texts: list[str | list[str]] = []
+    segments: list[list[int] | None] = []
+    for t in targets:
+        if isinstance(t, Translation) and t.tokens is not None:
+            texts.append(t.tokens)
+            segments.append(t.segments)
+        else:
+            texts.append(t.text if isinstance(t, Translation) else t)
+            segments.append(None)
+    return texts, segments
 
 
 def _checkpoint_in(path: Path, held: Transformer, device: torch.device,
