@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from transformer import Translation
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, DecodeConfig
 from transformer.decoding.arguments import (
@@ -85,6 +86,14 @@ def test_pairs_are_both_str_or_both_lists_of_as_many():
         as_pairs(["a", "b"], ["x"])
     with pytest.raises(TypeError, match=r"^targets\[0\] is a NoneType"):
         as_pairs(["a"], [None])
+    found = Translation("Hi", -1.0, ["▁Hi"], segments=[1])  # score() takes its Translations
+    assert as_pairs("Ciao", found, Translation) == (["Ciao"], [found], True)
+    assert as_pairs(["a", "b"], [found, "x"], Translation) == (["a", "b"], [found, "x"], False)
+    with pytest.raises(TypeError, match=r"^targets\[0\] is a Translation, not a str or a list"):
+        as_pairs(["a"], [found])
+    with pytest.raises(TypeError, match=r"^targets\[0\] is a int, not a str, a list of pieces "
+                                        r"\(str\) or a Translation"):
+        as_pairs(["a"], [3], Translation)
 
 
 def test_check_path_takes_a_checkpoint_and_names_what_else_it_was_given(checkpoint, tmp_path):

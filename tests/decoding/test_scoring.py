@@ -65,3 +65,23 @@ def test_a_target_longer_than_the_model_writes_is_named(loaded):
         score_lines(model, tokenizer, ["Ciao", "Ciao"], ["Hi", too_long], cfg, CPU)
     with pytest.raises(ValueError, match=r"^pair 1: 1 source and \d+ target tokens"):
         unit_scores(model, [[5]], [[5] * model.cfg.max_positions], cfg, CPU)
+
+
+def test_a_segmented_translation_is_scored_unit_by_unit(loaded):
+    """Pieces with their segments (`Translation.segments`) are cut there and each part
+    scored against its sentence, whatever sentences their text would split into; without
+    them the pieces are one part and the line is scored whole, or refused in one line
+    where its source is longer than the model reads."""
+    model, tokenizer = loaded
+    cfg = decode_settings(DecodeConfig(**FAST, split_sentences=True), CPU, model)
+    pieces = [tokenizer.id_to_piece(i) for i in tokenizer.encode(["Hi how are you"])[0]]
+    cut = score_lines(model, tokenizer, ["Ciao. Come stai?"], [pieces], cfg, CPU,
+                      segments=[[1, len(pieces) - 1]])
+    parts = score_lines(model, tokenizer, ["Ciao.", "Come stai?"], [pieces[:1], pieces[1:]], cfg, CPU)
+    whole = score_lines(model, tokenizer, ["Ciao. Come stai?"], [pieces], cfg, CPU)
+    assert cut[0] == pytest.approx(sum(parts), abs=1e-4) and abs(whole[0] - cut[0]) > 1e-3
+    long_line = ", ".join(["Come stai oggi amico mio"] * 8) + "."
+    assert len(tokenizer.encode([long_line])[0]) > model.cfg.max_positions
+    with pytest.raises(ValueError, match=rf"^line 1: .* reads at most {model.cfg.max_positions} tokens "
+                                         r"\(model.max_positions\)"):
+        score_lines(model, tokenizer, [long_line], [pieces], cfg, CPU)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer import Translation, Translator
+from transformer import CheckpointError, Translation, Translator
 from transformer import device as device_module
 from transformer.bounds import MAX_BATCH_TOKENS
 from transformer.checkpoint import load_model, save_checkpoint
@@ -373,13 +373,74 @@ def test_a_translation_that_does_not_split_like_its_source_is_scored_whole(words
     assert found[1] == pytest.approx(translator.score(line, target, split_sentences=False), abs=1e-5)
 
 
+PARAGRAPHS = ["Che ore sono? Ti chiamo stasera. Vado a casa.", "", "Sì, certo! Dove sei?", "Ciao"]
+
+
+@pytest.mark.parametrize("keywords", [dict(method="greedy"), dict(beam_size=3, nbest=2, lenpen=1.0)])
+def test_a_translation_rescores_to_its_own_score_on_lines_of_several_sentences(words, keywords):
+    """The words model writes no full stop, so its translation of a line of several
+    sentences is one sentence of text: the Translation's segments, not the splitter, pair
+    its pieces with the source's sentences (the text alone is scored whole, otherwise)."""
+    translator = Translator.load(words, precision="fp32", **SHORT)
+    found = translator.translate(PARAGRAPHS, return_scores=True, **keywords)
+    hyps, sources = flat(found), [line for line, entry in zip(PARAGRAPHS, found, strict=True)
+                                  for _ in (entry if isinstance(entry, list) else [entry])]
+    best = [entry if isinstance(entry, Translation) else entry[0] for entry in found]
+    alone = translator.translate(split_sentences(PARAGRAPHS[0]), return_scores=True, **keywords)
+    assert segments_of(best[0]) == [(a if isinstance(a, Translation) else a[0]).tokens for a in alone]
+    assert best[1].segments == [] and best[3].segments == [len(best[3].tokens)]
+    assert any(len(h.segments) > 1 and len(split_sentences(h.text)) == 1 for h in hyps)
+    assert translator.score(sources, hyps, **keywords) == pytest.approx([h.score for h in hyps], abs=1e-4)
+    for (score, per_token), h in zip(translator.score(sources, hyps, return_tokens=True, **keywords),
+                                     hyps, strict=True):
+        assert per_token == pytest.approx(h.token_scores, abs=1e-4)
+        assert score == pytest.approx(h.score, abs=1e-4)
+    as_text = translator.score(sources, [h.text for h in hyps], **keywords)  # scored whole
+    assert max(abs(a - h.score) for a, h in zip(as_text, hyps, strict=True)) > 0.1
+    lazily = flat(translator.translate_iterable(PARAGRAPHS, return_scores=True, batch_tokens=5, **keywords))
+    assert translator.score(sources, lazily, **keywords) == pytest.approx([h.score for h in lazily], abs=1e-4)
+
+
+def segments_of(t: Translation) -> list[list[str]]:
+    """A Translation's tokens cut into its units' pieces."""
+    ends = list(itertools.accumulate(t.segments))
+    return [t.tokens[end - n:end] for end, n in zip(ends, t.segments, strict=True)]
+
+
+def test_a_line_translated_in_pieces_rescores_to_its_own_score(words):
+    """A sentence longer than the model reads (32 positions here, 512 in the recipes) is
+    translated in pieces, here into more tokens than the model writes at once (31): its
+    Translation is scored piece by piece, as it was translated; its text or its tokens
+    alone, which nothing pairs with the pieces, are refused in one line naming the limit."""
+    translator = Translator.load(words, precision="fp32")
+    line = ", ".join(["il gatto dorme sul divano della nonna"] * 5) + "."
+    assert len(translator.tokenizer.encode([line])[0]) > 32
+    t = translator.translate(line, return_scores=True, max_len_a=0, max_len_b=12, min_len=10)
+    assert len(t.segments) > 1 and len(t.tokens) > 31 and sum(t.segments) == len(t.tokens)
+    assert translator.score(line, t) == pytest.approx(t.score, abs=1e-4)
+    total, per_token = translator.score([line], [t], return_tokens=True)[0]
+    assert per_token == pytest.approx(t.token_scores, abs=1e-4) and total == pytest.approx(t.score, abs=1e-4)
+    for alone in (t.text, t.tokens):
+        with pytest.raises(ValueError) as info:
+            translator.score(["Ciao", line], ["Hi", alone])
+        assert re.fullmatch(r"line 2: a source of \d+ tokens, translated in \d+ sentences or pieces, "
+                            r"and a translation of 1: it cannot be scored whole, as this model reads "
+                            r"at most 32 tokens \(model.max_positions\); give the Translation itself, "
+                            r"whose segments pair them", str(info.value))
+    with pytest.raises(ValueError, match=rf"^targets\[0\]: a translation of {len(t.segments)} "
+                                         r"sentences or pieces for a source of 1: score it with the line"):
+        translator.score("Ciao", t)
+    with pytest.raises(ValueError, match=r"^targets\[0\]: its segments \[1\] do not add up to its 2 tokens"):
+        translator.score("Ciao", Translation("Hi there", -1.0, ["▁Hi", "▁there"], segments=[1]))
+
+
 def test_score_refuses_what_it_cannot_pair(words):
     translator = Translator.load(words)
     with pytest.raises(ValueError, match="2 sources but 1 targets"):
         translator.score(["Ciao", "Sì"], ["Hi"])
     with pytest.raises(TypeError, match="both as a str, or both as lists"):
         translator.score(["Ciao"], "Hi")
-    with pytest.raises(TypeError, match=r"both as a str \(or a str and a list of pieces\)"):
+    with pytest.raises(TypeError, match=r"both as a str \(or a str and a list of pieces, or a Translation\)"):
         translator.score("Ciao", ("Hi",))
     with pytest.raises(ValueError, match=r"^targets\[0\]: 'Hi' is not a piece of this model's vocabulary"):
         translator.score("Ciao", ["Hi"])  # a str and a list: the list is pieces
@@ -487,10 +548,13 @@ def translator_examples(page: Path) -> str:
     return "\n".join(b for b in blocks if "translator" in b.lower())
 
 
+@pytest.mark.parametrize("precision", ["as-written", "bf16"])
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: p.name)
-def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
+def test_the_translator_examples_run_verbatim(page, precision, words, monkeypatch):
     """Each page's examples, the checkpoint path replaced by a real checkpoint's: scores,
-    n-best with scores, iteration over a generator and forced scoring."""
+    n-best with scores, iteration over a generator and forced scoring. Their asserts hold
+    as written (`auto`: fp32 under the suite's pin) and in bf16, what `auto` gives on a
+    CPU with native bf16 and on a GPU: the load is given precision and dtype bf16."""
     code = translator_examples(page)
     for needed in ("return_scores=True", "nbest=3", "translate_iterable(", ".score("):
         assert needed in code, f"{page.name} shows no {needed}"
@@ -499,11 +563,14 @@ def test_the_translator_examples_run_verbatim(page, words, monkeypatch):
                        "target_prefix=", "no_repeat_ngram_size=", "max_batch_size=",
                        "ThreadPoolExecutor", "dtype="):
             assert needed in code, f"{page.name} shows no {needed}"
-    code, n = re.subn(r'"runs/\w+/checkpoints/best"', repr(str(words)), code)
+    given = "" if precision == "as-written" else f", precision={precision!r}, dtype={precision!r}"
+    code, n = re.subn(r'"runs/\w+/checkpoints/best"', repr(str(words)) + given, code)
     assert n == 1
     monkeypatch.setattr("builtins.print", lambda *args, **kwargs: None)
     found: dict = {}
     exec(compile(code, str(page), "exec"), found)
+    held = {p.dtype for p in found["translator"].model.parameters()}
+    assert held == {torch.bfloat16 if precision == "bf16" else torch.float32}
     top3 = found["top3"] if page.name == "decoding.md" else found["top3"][0]  # one line's
     assert isinstance(found["best"][0], Translation) and len(top3) == 3
 
@@ -636,13 +703,13 @@ def test_threads_sharing_a_translator_get_what_sequential_calls_give(words, monk
 def test_load_holds_the_weights_in_the_dtype_it_decodes_in(checkpoint):
     """dtype=auto: the precision the translator decodes in (fp32 in the suite, which pins
     'no native bf16'); an explicit dtype is kept, and a call in another precision decodes
-    on copies without touching the held weights."""
+    on other weights without touching the held ones."""
     auto = Translator.load(checkpoint, device="cpu")
     assert {p.dtype for p in auto.model.parameters()} == {torch.float32}
     held = Translator.load(checkpoint, device="cpu", dtype="bf16", precision="fp32")
     assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}
     weights = {name: p.detach().clone() for name, p in held.model.named_parameters()}
-    assert isinstance(held.translate("Il gatto dorme."), str)  # on fp32 copies
+    assert isinstance(held.translate("Il gatto dorme."), str)  # on the checkpoint's fp32 weights
     assert all(torch.equal(p, weights[name]) for name, p in held.model.named_parameters())
     assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}
     with pytest.raises(ConfigError, match="dtype='int8'"):
@@ -655,11 +722,11 @@ def test_a_translator_copies_its_model_once_per_dtype_while_its_weights_stay(che
     """A model held in fp32 and decoded in bf16 (what `auto` gives on a GPU) is copied at
     the first call that needs it, not at every call; an update of the weights (a model
     still training) makes the next call copy afresh."""
-    from transformer.decoding import translator as translator_module
+    from transformer.model import weights
 
     copies = []
-    real = translator_module.copied_in
-    monkeypatch.setattr(translator_module, "copied_in",
+    real = weights.copied_in
+    monkeypatch.setattr(weights, "copied_in",
                         lambda model, dtype: copies.append(dtype) or real(model, dtype))
     model, tokenizer = load_model(checkpoint)
     translator = Translator(model, tokenizer, decode=DecodeConfig(method="greedy", max_len_b=6,
@@ -674,6 +741,58 @@ def test_a_translator_copies_its_model_once_per_dtype_while_its_weights_stay(che
     translator.translate(LINES)
     assert copies == [torch.bfloat16, torch.bfloat16]
     assert {p.dtype for p in model.parameters()} == {torch.float32}  # the model untouched
+
+
+def test_a_call_wider_than_the_held_weights_decodes_on_the_checkpoints_own(words, tmp_path,
+                                                                         monkeypatch):
+    """A Translator holding bf16 weights (what `auto` gives on a GPU and a bf16 CPU; named
+    here) asked for fp32 translates and scores, to the last bit, as an fp32 Translator and
+    `mt-translate decode.precision=fp32` do: on the checkpoint's fp32 weights, read once
+    and kept. The bf16 weights cast up (a Translator of that model in memory) score
+    otherwise."""
+    from transformer.decoding import translator as translator_module
+
+    reads = []
+    real = translator_module.load_model
+    monkeypatch.setattr(translator_module, "load_model",
+                        lambda path, device: reads.append(path) or real(path, device))
+    held = Translator.load(words, device="cpu", dtype="bf16", precision="bf16", **SHORT)
+    exact = Translator.load(words, device="cpu", dtype="fp32", precision="fp32", **SHORT)
+    reads.clear()
+    lines = [*ONE_SENTENCE, *LINES]
+    expected = exact.translate(lines, return_scores=True)
+    wide = held.translate(lines, precision="fp32", return_scores=True)
+    assert [(t.text, t.score) for t in wide] == [(t.text, t.score) for t in expected]
+    assert held.score(lines, wide, precision="fp32") == exact.score(lines, expected)
+    assert reads == [words]  # once: the second call used what the first read
+    assert {p.dtype for p in held.model.parameters()} == {torch.bfloat16}  # the held ones untouched
+    overrides = ["decode.precision=fp32", "decode.max_len_a=0", "decode.max_len_b=10"]
+    assert held.translate(LINES, precision="fp32") == mt_translate(monkeypatch, tmp_path, words, *overrides)
+    cast_up = Translator(held.model, held.tokenizer, decode=DecodeConfig(precision="bf16", **SHORT))
+    found = cast_up.translate(lines, precision="fp32", return_scores=True)
+    assert [t.score for t in found] != [t.score for t in expected] and reads == [words]
+
+
+def test_a_checkpoint_changed_since_load_is_refused_in_one_line(tmp_path):
+    """The checkpoint's fp32 weights are read again only while they are what the held
+    bf16 ones were rounded from; a model changed in memory decodes on its own weights."""
+    path = tiny_checkpoint(tmp_path / "best", max_positions=32, seed=3)
+    held = Translator.load(path, device="cpu", dtype="bf16", precision="bf16", method="greedy")
+    changed = Translator.load(path, device="cpu", dtype="bf16", precision="bf16", method="greedy")
+    tiny_checkpoint(path, max_positions=32, seed=4)  # a run's `best`, replaced as training goes on
+    with pytest.raises(CheckpointError) as info:
+        held.translate("Ciao", precision="fp32")
+    assert re.fullmatch(rf"precision='fp32': {re.escape(str(path))} no longer holds the weights "
+                        r"this Translator holds in bf16 \(it changed since it was loaded\): load it again",
+                        str(info.value))
+    with torch.no_grad():
+        changed.model.out_proj.weight.mul_(2.0)  # new weights: the model is its own now
+    assert isinstance(changed.translate("Ciao", precision="fp32"), str)
+    (path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"^precision='fp32' decodes on the checkpoint's own "
+                                              r"weights, which this Translator holds in bf16: "):
+        held.translate("Ciao", precision="fp32")
+    assert held.translate("Ciao") == held.translate("Ciao")  # its own precision reads nothing
 
 
 def test_load_for_inference_casts_the_weights_once(checkpoint):

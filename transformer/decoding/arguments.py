@@ -181,18 +181,21 @@ def as_lines(lines: object, name: str = "lines") -> tuple[list[str], bool]:
     return found, single
 
 
-def as_pairs(sources: object, targets: object) -> tuple[list[str], list[str | list[str]], bool]:
+def as_pairs(sources: object, targets: object, record: type | None = None,
+             ) -> tuple[list[str], list[Any], bool]:
     """`Translator.score`'s arguments as two lists of as many entries, and whether a single
     str source was given; TypeError or ValueError naming what does not fit.
 
-    A target is a text or a list of pieces: with a single str source, `targets` is one
-    of those; with a list of sources, a list of them, one per source.
+    A target is a text, a list of pieces, or a `record` (the Translator's `Translation`):
+    with a single str source, `targets` is one of those; with a list of sources, a list of
+    them, one per source.
     """
+    whole = (str,) if record is None else (str, record)  # a target that is not a list
     src, single = as_lines(sources, "sources")
     if single:
-        if not isinstance(targets, (str, list)):
+        if not isinstance(targets, (*whole, list)):
             raise TypeError("give sources and targets both as a str (or a str and a list of "
-                            "pieces), or both as lists")
+                            "pieces, or a Translation), or both as lists")
         tgt: list = [targets]
     else:
         check_lines(targets, "targets")
@@ -201,10 +204,12 @@ def as_pairs(sources: object, targets: object) -> tuple[list[str], list[str | li
         tgt = list(targets)  # type: ignore[call-overload]
     for i, target in enumerate(tgt):
         pieces = isinstance(target, list) and all(isinstance(p, str) for p in target)
-        if not isinstance(target, str) and not pieces:
+        if not isinstance(target, whole) and not pieces:
             hint = ": decode it first" if isinstance(target, (bytes, bytearray, memoryview)) else ""
             what = "list holding a non-str" if isinstance(target, list) else type(target).__name__
-            raise TypeError(f"targets[{i}] is a {what}, not a str or a list of pieces (str){hint}")
+            also = f", a list of pieces (str) or a {record.__name__}" if record else \
+                " or a list of pieces (str)"
+            raise TypeError(f"targets[{i}] is a {what}, not a str{also}{hint}")
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} sources but {len(tgt)} targets: give one translation "
                          "per source line")

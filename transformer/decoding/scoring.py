@@ -19,19 +19,23 @@ for the first min_len steps, so those steps' other tokens score log p - log(1 - 
 so an export's hypothesis too scores the same both ways.
 
 A line is scored as `text.translate_nbest` translates it (`score_lines`): split into
-sentences (decode.split_sentences), each sentence scored against its part of the
-translation, the scores summed, which is how a line's n-best score is made
-(`text.join_nbest`). The translation is cut into its parts by the same sentence splitter;
-a line whose translation does not split into as many sentences as its source (a sentence
-translated as two, a long sentence cut into pieces) is scored whole, source line against
-translation, with one warning naming the lines. A translation given as a list of pieces
-(`Translation.tokens`) is not tokenised again: it is one part, so a source of one
-sentence scores it exactly as the search scored those pieces.
+sentences (decode.split_sentences) and a sentence too long for the model into pieces,
+each unit scored against its part of the translation, the scores summed, which is how a
+line's n-best score is made (`text.join_nbest`). A translation that comes with its
+segmentation (`Translation.segments`: how many of its pieces each unit wrote) is cut
+there, so the search's own translation scores exactly what the search scored, whatever
+its sentences. A text is cut into its parts by the same sentence splitter; a line whose
+text does not split into as many sentences as its source has units (a sentence
+translated as two) is scored whole, source line against translation, with one warning
+naming the lines, and refused where the source is longer than the model reads (it was
+translated in parts, and only its translation's segmentation pairs them). A list of pieces
+without a segmentation is one part, not tokenised again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -108,14 +112,16 @@ def _ct2_totals(model: CT2Model, src: Sequence[list[int]], tgt: Sequence[list[in
 
 def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
                 targets: Sequence[str | list[str]], cfg: DecodeConfig,
-                device: torch.device, details: list | None = None) -> list[float]:
+                device: torch.device, details: list | None = None,
+                segments: Sequence[list[int] | None] | None = None) -> list[float]:
     """The score of each line's translation, as `text.translate_nbest` scores a line: the
-    sum of its sentences' scores (0.0 for an empty source and translation).
+    sum of its units' scores (0.0 for an empty source and translation).
 
     Each source line is split as translation splits it (cfg.split_sentences, pieces of
-    a sentence longer than the model's table included) and its translation by the same
-    splitter; if the counts agree the i-th sentence is scored against the i-th part,
-    else the line is scored whole (one warning names those lines).
+    a sentence longer than the model's table included); its translation is cut where its
+    `segments` say, else by the same sentence splitter. If the counts agree the i-th unit
+    is scored against the i-th part; else the line is scored whole (one warning names
+    those lines) where its source fits the model.
 
     Args:
         model (Transformer | CT2Model): the model (put in eval mode for the call, under
@@ -124,19 +130,24 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
         sources: the source lines.
         targets: their translations, one per source line: a text, or the pieces of one
             (`Translation.tokens`), taken as they are (no tokenising again), paired with
-            a source of one sentence (else the line is scored whole).
+            a source of one sentence (else the line is scored whole), or cut into the
+            source's units by `segments`.
         cfg: the settings (their device defaults filled in here, `settings.decode_settings`,
             unless they are already): lenpen, split_sentences, batch_tokens, precision;
             min_len for an export.
         device: where the model is.
         details: if given, receives per line the log-probabilities of its pieces and
             EOS (each sentence's EOS after its pieces), `tokens.token_details`.
+        segments: None, or per line None or the number of pieces each of the source's
+            units (a sentence not empty, or a piece of one) wrote (`Translation.segments`).
 
     Returns:
         One score per line, as `text.translate_nbest` scores the line's translation.
 
     Raises:
-        ValueError: a translation (or a sentence of it) longer than the model writes.
+        ValueError: a translation (or a sentence of it) longer than the model writes; a
+            segmentation that does not fit its source's units or its pieces; a line to be
+            scored whole whose source is longer than the model reads.
         ConfigError: settings the model or device cannot run.
     """
     cfg = decode_settings(cfg, device, model)
@@ -145,19 +156,22 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
     units: list[list[list[int]]] = [[] for _ in sources]
     for owner, ids in zip(segs.owner, segs.ids, strict=True):
         units[owner].append(ids)
-    parts = [[t][:len(t)] if isinstance(t, list) else  # no pieces: no part, as ""
-             split_sentences(t) if cfg.split_sentences else [t for t in [normalize(t)] if t]
-             for t in targets]
     src: list[list[int]] = []
     texts: list[str | list[str]] = []
     owner: list[int] = []
     whole: list[int] = []
-    for i, (line_units, line_parts) in enumerate(zip(units, parts, strict=True)):
+    for i, line_units in enumerate(units):
+        cuts = segments[i] if segments is not None else None
+        if cuts is not None:
+            line_units, line_parts = _as_translated(i, line_units, targets[i], cuts)
+        else:
+            line_parts = _parts(targets[i], cfg.split_sentences)
         if not line_units and not line_parts:
             continue  # an empty line, translated as ""
         if len(line_units) != len(line_parts):
             whole.append(i)
-            line_units = [tokenizer.encode([normalize(sources[i])])[0][:limit]]
+            line_units = [_whole_source(i, sources[i], tokenizer, limit, len(line_units),
+                                        len(line_parts))]
             line_parts = [t if isinstance(t := targets[i], list) else normalize(t)]
         src += line_units
         texts += line_parts
@@ -184,6 +198,46 @@ def score_lines(model, tokenizer: Tokenizer, sources: Sequence[str],
     for i, value in zip(owner, found, strict=True):
         scores[i] += value
     return scores
+
+
+def _parts(target: str | list[str], split: bool) -> list[str | list[str]]:
+    """A translation's parts, to pair with its source's units: a text's sentences (`split`)
+    or the text; a list of pieces is one part ([] for no pieces, as for "")."""
+    if isinstance(target, list):
+        return [target] if target else []
+    return split_sentences(target) if split else [t for t in [normalize(target)] if t]
+
+
+def _as_translated(i: int, line_units: list[list[int]], pieces: str | list[str],
+                   cuts: list[int]) -> tuple[list[list[int]], list[str | list[str]]]:
+    """A line's units that were decoded (those not empty) and its pieces cut where `cuts`
+    (`Translation.segments`) says, one part each; ValueError naming the target where
+    they do not fit."""
+    decoded = [ids for ids in line_units if ids]
+    if not isinstance(pieces, list):
+        raise ValueError(f"targets[{i}]: segments cut a list of pieces, not a text")
+    if sum(cuts) != len(pieces):
+        raise ValueError(f"targets[{i}]: its segments {cuts} do not add up to its "
+                         f"{len(pieces)} tokens: give the Translation as translate() returned it")
+    if len(cuts) != len(decoded):
+        raise ValueError(f"targets[{i}]: a translation of {len(cuts)} sentences or pieces for a "
+                         f"source of {len(decoded)}: score it with the line and split_sentences "
+                         "it was translated with")
+    ends = list(itertools.accumulate(cuts))
+    return decoded, [pieces[end - n:end] for end, n in zip(ends, cuts, strict=True)]
+
+
+def _whole_source(i: int, line: str, tokenizer: Tokenizer, limit: int, units: int,
+                  parts: int) -> list[int]:
+    """The ids of a source line scored whole; ValueError naming the model's limit where
+    it holds more (it was translated in parts that nothing here pairs with the target's)."""
+    ids = tokenizer.encode([normalize(line)])[0]
+    if len(ids) > limit:
+        raise ValueError(f"line {i + 1}: a source of {len(ids)} tokens, translated in {units} "
+                         f"sentences or pieces, and a translation of {parts}: it cannot be scored "
+                         f"whole, as this model reads at most {limit} tokens (model.max_positions); "
+                         "give the Translation itself, whose segments pair them")
+    return ids
 
 
 def _target_ids(tokenizer: Tokenizer, texts: list[str | list[str]], owner: list[int]) -> list[list[int]]:

@@ -137,9 +137,9 @@ def line_details(model, tokenizer, units: Sequence, found: Sequence[Sequence], b
                  device: torch.device, attention: bool = False,
                  min_len: int = 0) -> list[list[dict]]:
     """Per line, per entry of its n-best list `found[line]`, the token-level fields of a
-    `Translation`: tokens, token_scores and, with `attention`, source_tokens, attention
-    and alignment; the line's sentences (`units`, `text.Unit`s in reading order) one
-    after another (see `Translation`)."""
+    `Translation`: tokens, token_scores, segments and, with `attention`, source_tokens,
+    attention and alignment; the line's sentences (`units`, `text.Unit`s in reading order)
+    one after another (see `Translation`)."""
     pairs = [(u, k) for u, unit in enumerate(units) for k in range(len(found[unit.line]))
              if unit.src]
     got = token_details(model, [units[u].src for u, _ in pairs],
@@ -154,7 +154,7 @@ def line_details(model, tokenizer, units: Sequence, found: Sequence[Sequence], b
         src_len = sum(len(units[u].src) for u in by_line[line])
         entries = []
         for k in range(len(hyps)):
-            entry: dict = {"tokens": [], "token_scores": []}
+            entry: dict = {"tokens": [], "token_scores": [], "segments": []}
             if attention:
                 entry.update(source_tokens=[], attention=[], alignment=[])
             offset = 0
@@ -165,6 +165,7 @@ def line_details(model, tokenizer, units: Sequence, found: Sequence[Sequence], b
                 ids, d = unit.hyps[k], detail[u, k]
                 entry["tokens"] += [tokenizer.id_to_piece(i) for i in ids]
                 entry["token_scores"] += d.log_probs
+                entry["segments"].append(len(ids))
                 if attention:
                     entry["source_tokens"] += [tokenizer.id_to_piece(i) for i in unit.src]
                     width = len(unit.src)

@@ -35,13 +35,17 @@ class Translation:
     """A translation and its score: the search's own, the sum of the log-probabilities of
     its tokens and EOS over GNMT's length penalty ((5 + |y|) / 6) ** lenpen; for a line of
     several sentences, the sum of its sentences' scores. `Translator.score` gives the same
-    number for the same text, and for `tokens` exactly (module `tokens.py`).
+    number for the same text, and for the Translation itself exactly (its tokens, cut
+    where `segments` says: module `tokens.py`).
 
     With `return_scores=True` also:
         tokens: the target pieces (no BOS or EOS), the line's sentences one after another.
         token_scores: the log-probability of each piece and, after each sentence's last
             piece, of its EOS: for a line of one sentence len(tokens) + 1 entries, EOS
             last, and score == sum(token_scores) / ((5 + len(tokens) + 1) / 6) ** lenpen.
+        segments: how many of `tokens` each unit the line was translated in wrote, in
+            order (a unit: a sentence, or a piece of a sentence too long for the model):
+            [len(tokens)] for a line of one sentence, [] for an empty line.
     With `return_attention=True` also:
         source_tokens: the source pieces, the line's sentences one after another.
         attention: a row per entry of token_scores, a column per source piece: the last
@@ -59,6 +63,7 @@ class Translation:
     source_tokens: list[str] | None = field(default=None, compare=False, repr=False)
     attention: list[list[float]] | None = field(default=None, compare=False, repr=False)
     alignment: list[int] | None = field(default=None, compare=False, repr=False)
+    segments: list[int] | None = field(default=None, compare=False, repr=False)
 
 
 def translate_batch(model, tokenizer: Tokenizer, batch: list[str], cfg: DecodeConfig,

@@ -37,6 +37,7 @@ the same calls made one after another would give. Not safe: changing the Transla
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -44,7 +45,7 @@ from typing import Any, Literal, overload
 
 import torch
 
-from transformer.checkpoint import load_model
+from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ConfigError, DecodeConfig, at_most_workers, check_device, positive
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.arguments import (
@@ -68,7 +69,7 @@ from transformer.decoding.translations import (
 )
 from transformer.device import PRECISIONS, resolve_device, resolve_precision
 from transformer.model.transformer import Transformer
-from transformer.model.weights import copied_in, floating_dtype
+from transformer.model.weights import DtypeCopies, floating_dtype, rounds_to
 
 __all__ = ["SETTINGS", "Translation", "Translator", "decode_config"]
 log = logging.getLogger(__name__)
@@ -103,8 +104,8 @@ class Translator:
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
         self.threads = None if isinstance(model, CT2Model) else threads
-        # dtype -> (the weights' versions when copied, the model's copy in that dtype)
-        self._copies: dict[torch.dtype, tuple[tuple, Transformer]] = {}
+        # the model in each dtype a call asks for (`load` gives the checkpoint it rounded)
+        self._copies = None if isinstance(model, CT2Model) else DtypeCopies(model)
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "auto", precision: str = "auto",
@@ -118,7 +119,9 @@ class Translator:
             precision: `auto` (fp32 on a CPU, as an export computes there; bf16 on a GPU
                 that has it, else fp16), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
             dtype: the weights' (CTranslate2's `compute_type`; `auto`: precision's): no step
-                casts them; a call in another precision decodes on a copy. An export: `auto`.
+                casts them; a call in another precision decodes on a copy, of the
+                checkpoint's own weights where these are rounded (`_checkpoint_in`).
+                An export: `auto`.
             threads: a checkpoint: torch's threads during the calls (None: as they are);
                 an export: CTranslate2's workers (None: 2). mt-translate's `threads`.
             **settings: defaults for `translate` by `DecodeConfig` field name (not `nbest`).
@@ -129,9 +132,14 @@ class Translator:
                 export without ctranslate2 (`pip install -e ".[ct2]"`).
         """
         with as_arguments():
-            model, tokenizer, where, torch_device, decode = _open(path, str(device), precision,
-                                                                 threads, settings, dtype)
-        return cls(model, tokenizer, device=torch_device, decode=decode, path=where, threads=threads)
+            model, tokenizer, where, torch_device, decode, rounded = _open(
+                path, str(device), precision, threads, settings, dtype)
+        translator = cls(model, tokenizer, device=torch_device, decode=decode, path=where,
+                         threads=threads)
+        if rounded:  # a call in another dtype decodes on the checkpoint's own weights
+            translator._copies = DtypeCopies(model, functools.partial(
+                _checkpoint_in, where, model, torch_device))
+        return translator
 
     # a str gives one result, an iterable a list; nbest: a list each; return_scores: Translations
     @overload
@@ -186,6 +194,7 @@ class Translator:
             ConfigError: a bad setting (named: `beam_size=0`), a prefix past its line's
                 length limit, attention of an export.
             TypeError: a line that is not a str, or bytes. ValueError: not one prefix a line.
+            CheckpointError: a wider precision whose checkpoint changed (`_checkpoint_in`).
         """
         batch, single = as_lines(lines)
         cfg = self._config(settings, nbest)
@@ -230,27 +239,31 @@ class Translator:
                                  around=lambda: torch_threads(self.threads))
 
     @overload
-    def score(self, sources: str, targets: str | list[str], *,
+    def score(self, sources: str, targets: str | list[str] | Translation, *,
               return_tokens: Literal[False] = False, **settings: Any) -> float: ...
     @overload
-    def score(self, sources: str, targets: str | list[str], *, return_tokens: Literal[True],
-              **settings: Any) -> tuple[float, list[float]]: ...
+    def score(self, sources: str, targets: str | list[str] | Translation, *,
+              return_tokens: Literal[True], **settings: Any) -> tuple[float, list[float]]: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *,
               return_tokens: Literal[False] = False, **settings: Any) -> list[float]: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str | list[str]], *,
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *,
               return_tokens: Literal[True], **settings: Any) -> list[tuple[float, list[float]]]: ...
 
-    def score(self, sources: str | Iterable[str], targets: str | list[str] | Iterable[str | list[str]],
+    def score(self, sources: str | Iterable[str],
+              targets: str | list[str] | Translation | Iterable[str | list[str] | Translation],
               *, return_tokens: bool = False, **settings: Any) -> Any:
         """The model's score of each given translation, as the search scores its own
         (`scoring.score_lines`). A text is tokenised again; pieces (`Translation.tokens`)
-        are scored as they are: the search's score for a line of one sentence.
+        are scored as they are: the search's score for a line of one sentence; a
+        `Translation` as its pieces, cut into the line's sentences and pieces where its
+        `segments` say: the search's score for any line it was translated from.
 
         Args:
             sources: the Italian lines (or one str).
-            targets: one per source (one with a str): a text or a list of pieces.
+            targets: one per source (one with a str): a text, a list of pieces or a
+                `Translation` (`translate(..., return_scores=True)`'s).
             return_tokens: give (score, token_scores) per line (`Translation.token_scores`).
             **settings: as for `translate`; `lenpen`, `split_sentences`, `batch_tokens`,
                 `precision` apply, and for an export `min_len`.
@@ -259,12 +272,17 @@ class Translator:
 
         Raises:
             ConfigError: a bad setting. TypeError: lines that are not str. ValueError:
-                unpaired lines, a target too long, a piece not in the vocabulary.
+                unpaired lines, a target too long, a piece not in the vocabulary, a
+                Translation of another line, a line to be scored whole (its text does
+                not split as its source) longer than the model reads.
+            CheckpointError: as for `translate`.
         """
-        (src, tgt, single), cfg = as_pairs(sources, targets), self._config(settings, None)
+        src, given, single = as_pairs(sources, targets, Translation)
+        cfg, (tgt, segments) = self._config(settings, None), _unpacked(given)
         details: list | None = [] if return_tokens else None
         with as_arguments(), torch_threads(self.threads):
-            scores = score_lines(self._in_dtype(cfg), self.tokenizer, src, tgt, cfg, self.device, details)
+            scores = score_lines(self._in_dtype(cfg), self.tokenizer, src, tgt, cfg, self.device,
+                                 details, segments)
         out = scores if details is None else list(zip(scores, details, strict=True))
         return out[0] if single else out
 
@@ -277,23 +295,50 @@ class Translator:
 
     def _in_dtype(self, cfg: DecodeConfig) -> Transformer | CT2Model:
         """The model to decode in cfg's precision: the shared one, which a call never
-        changes (threads may share it), or its copy in that dtype, made at the first call
-        that needs it and kept while the model's weights stay as they were (a model still
-        training gets a fresh copy after its next update)."""
-        model = self.model
-        if isinstance(model, CT2Model):
-            return model
-        dtype = DTYPES[cfg.precision]
-        if floating_dtype(model) in (dtype, None):
-            return model
-        versions = tuple((id(p), p._version) for p in model.parameters())
-        kept = self._copies.get(dtype)
-        if kept is None or kept[0] != versions:
-            kept = self._copies[dtype] = (versions, copied_in(model, dtype))
-        return kept[1]
+        changes (threads may share it), or the model in that dtype (`DtypeCopies`: made at
+        the first call that asks, kept while the weights stay; from the checkpoint's own
+        weights where `load` holds them rounded, so that a call computes what
+        `mt-translate decode.precision=...` computes)."""
+        return self.model if self._copies is None else self._copies.get(DTYPES[cfg.precision])
 
     def __repr__(self) -> str:
         return f"Translator({str(self.path)!r}, device={self.device}, precision={self.decode.precision})"
+
+
+def _unpacked(targets: list[str | list[str] | Translation],
+              ) -> tuple[list[str | list[str]], list[list[int] | None]]:
+    """`score`'s targets as texts or pieces, and each one's segments: a Translation's
+    pieces (its text where it has none) and segments, None for the others."""
+    texts: list[str | list[str]] = []
+    segments: list[list[int] | None] = []
+    for t in targets:
+        if isinstance(t, Translation) and t.tokens is not None:
+            texts.append(t.tokens)
+            segments.append(t.segments)
+        else:
+            texts.append(t.text if isinstance(t, Translation) else t)
+            segments.append(None)
+    return texts, segments
+
+
+def _checkpoint_in(path: Path, held: Transformer, device: torch.device,
+                   dtype: torch.dtype) -> Transformer:
+    """The checkpoint's own weights in `dtype`, read again: those that `held`'s are a
+    rounding of (a CTranslate2 user's expectation: the model read from disk is converted
+    to the compute type asked for). CheckpointError, in one line naming the precision,
+    where the checkpoint cannot be read or no longer holds them."""
+    names = {d: name for name, d in DTYPES.items()}
+    asked, kept = names[dtype], names.get(floating_dtype(held))
+    try:
+        found, _ = load_model(path, device)
+    except CheckpointError as e:
+        raise CheckpointError(f"precision={asked!r} decodes on the checkpoint's own weights, "
+                              f"which this Translator holds in {kept}: {e}") from None
+    if not rounds_to(found, held):
+        raise CheckpointError(f"precision={asked!r}: {path} no longer holds the weights this "
+                              f"Translator holds in {kept} (it changed since it was loaded): "
+                              "load it again")
+    return found.to(dtype)
 
 
 def _check_threads(threads: Any) -> None:
@@ -307,9 +352,10 @@ def _check_threads(threads: Any) -> None:
 
 def _open(path: str | Path, device: str, precision: str, threads: int | None,
           settings: dict[str, Any], dtype: str = "auto",
-          ) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig]:
+          ) -> tuple[Transformer | CT2Model, Tokenizer, Path, torch.device, DecodeConfig, bool]:
     """`Translator.load`'s work: every argument checked before any is used, then the model
-    read (no process-wide setting: the commands' `loading.load_for_inference` makes those)."""
+    read (no process-wide setting: the commands' `loading.load_for_inference` makes those).
+    The last value: whether the weights are held rounded (in a dtype narrower than saved)."""
     if "nbest" in settings:
         raise ConfigError("nbest: give it to translate(), whose result it shapes")
     check_device("device", device)
@@ -329,6 +375,9 @@ def _open(path: str | Path, device: str, precision: str, threads: int | None,
         held = resolve_precision(dtype, torch_device, key="dtype")[0] if dtype != "auto" else None
         model, tokenizer = load_model(where, torch_device)
     decode = decode_settings(decode, torch_device, model)  # once: the Translator keeps it
+    rounded = False
     if not isinstance(model, CT2Model):  # the weights in the dtype the step computes in
-        model = model.to(DTYPES[held or decode.precision])
-    return model, tokenizer, where, torch_device, decode
+        saved, target = floating_dtype(model), DTYPES[held or decode.precision]
+        rounded = target not in (saved, torch.float32)  # only fp32 holds every other exactly
+        model = model.to(target)
+    return model, tokenizer, where, torch_device, decode, rounded
