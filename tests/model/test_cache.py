@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.model.attention import set_attention_path
-from transformer.model.cache import DecoderCache
+from transformer.model.cache import DecoderCache, static_step
 
 from helpers import BOS, EOS, pad_batch, tiny_model
 
@@ -142,7 +142,7 @@ def static_steps(model, eager: DecoderCache, static: DecoderCache, tokens: list[
     """Feed both caches the same tokens, step by step (the eager one through `decode`, the
     static one through `step`, by default `static_step` uncompiled), reordering both where
     `reorders` says; yields the two steps' log-probabilities."""
-    step = step or type(model).static_step
+    step = step or static_step
     pos = torch.ones((), dtype=torch.long)
     for i, ids in enumerate(tokens):
         ids = torch.tensor(ids)[:, None]
@@ -197,7 +197,7 @@ def test_the_traced_static_step_writes_static_inputs_only():
 
     model = tiny_model()
     torch._dynamo.reset()
-    step = torch.compile(type(model).static_step, backend=aot_autograd(fw_compiler=inspect),
+    step = torch.compile(static_step, backend=aot_autograd(fw_compiler=inspect),
                          fullgraph=True)
     with torch.inference_mode():
         eager, static = started(model, 2, beams=2), started(model, 2, beams=2, static=True)
@@ -226,7 +226,7 @@ def test_an_unmarked_buffer_is_caught():
 
     model = tiny_model()
     torch._dynamo.reset()
-    step = torch.compile(type(model).static_step, backend=aot_autograd(fw_compiler=inspect),
+    step = torch.compile(static_step, backend=aot_autograd(fw_compiler=inspect),
                          fullgraph=True)
     with torch.inference_mode():
         cache = started(model, 2, beams=2)  # not static: nothing marked

@@ -4,7 +4,7 @@ log-probabilities, follow the search's choice of rows; eagerly or as a compiled 
 Shapes: R rows, A sentences, S source length, L the cache's length bound, V vocabulary.
 
 Compiled (`decode.compile`, a `torch.compile` mode), the first step runs eagerly (it
-projects the memory into the cache) and every later one is `Transformer.static_step` on a
+projects the memory into the cache) and every later one is `cache.static_step` on a
 static `DecoderCache`: the position is a tensor, attention reads the whole length bound
 under a position mask, and the buffers never move. Rows, sentences, the source length and
 the length bound are marked dynamic, so dynamo traces one graph for every batch and
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from transformer.model.cache import DecoderCache
+from transformer.model.cache import DecoderCache, static_step
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +30,11 @@ logger = logging.getLogger(__name__)
 _COMPILED: dict[str, Callable | None] = {}
 
 
-def _static_step(model, *args: torch.Tensor) -> torch.Tensor:
-    return model.static_step(*args)
-
-
 def compiled_step(mode: str) -> Callable | None:
-    """`Transformer.static_step` under `torch.compile(mode=...)`, made once a process;
+    """`cache.static_step` under `torch.compile(mode=...)`, made once a process;
     None where compiling failed before."""
     if mode not in _COMPILED:
-        _COMPILED[mode] = torch.compile(_static_step, mode=None if mode == "default" else mode)
+        _COMPILED[mode] = torch.compile(static_step, mode=None if mode == "default" else mode)
     return _COMPILED[mode]
 
 
@@ -120,7 +116,7 @@ class DecoderState:
                            "eagerly", _reason(e))
             _COMPILED.update(dict.fromkeys(_COMPILED))  # every mode: the same compiler
             self.step = None
-            out = self.model.static_step(*args)
+            out = static_step(self.model, *args)
         cache.length += 1
         self.pos.add_(1)
         return out

@@ -87,10 +87,8 @@ class Translator:
     def __init__(self, model: Transformer | CT2Model, tokenizer: Tokenizer, *,
                  device: torch.device | str | None = None, decode: DecodeConfig | None = None,
                  path: Path | None = None, threads: int | None = None) -> None:
-        """A Translator for a model in memory on `device` (None: where its weights are);
-        `decode` is checked and its device defaults filled in once (`decode_settings`);
-        `path` is for `repr`; `threads` not an export's (`load` sets those). A
-        `Transformer` is put in eval mode here, once."""
+        """A Translator for a model in memory on `device` (None: where its weights are), in
+        eval mode from here on; `decode` checked and resolved once; `path` for `repr`."""
         model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
         if device is None:
             device = model.device if isinstance(model, CT2Model) else next(model.parameters()).device
@@ -104,8 +102,7 @@ class Translator:
             model.eval()  # once: calls never flip it (threads may share the model)
         self.model, self.tokenizer, self.device, self.path = model, tokenizer, device, path
         self.threads = None if isinstance(model, CT2Model) else threads
-        # the model in each dtype a call asks for (`load` gives the checkpoint it rounded)
-        self._copies = None if isinstance(model, CT2Model) else DtypeCopies(model)
+        self._copies = None if isinstance(model, CT2Model) else DtypeCopies(model)  # per dtype
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "auto", precision: str = "auto",
@@ -118,10 +115,9 @@ class Translator:
             device: `auto` (CUDA where there is a GPU), `cpu`, `cuda`, `cuda:N`.
             precision: `auto` (fp32 on a CPU, as an export computes there; bf16 on a GPU
                 that has it, else fp16), `fp32`, `bf16`, `fp16` (CUDA); an export: `auto`.
-            dtype: the weights' (CTranslate2's `compute_type`; `auto`: precision's): no step
-                casts them; a call in another precision decodes on a copy, of the
-                checkpoint's own weights where these are rounded (`_checkpoint_in`).
-                An export: `auto`.
+            dtype: the weights' (CTranslate2's `compute_type`; `auto`: precision's); a call in
+                another precision decodes on a copy, of the checkpoint's own weights where
+                these are rounded (`_checkpoint_in`). An export: `auto`.
             threads: a checkpoint: torch's threads during the calls (None: as they are);
                 an export: CTranslate2's workers (None: 2). mt-translate's `threads`.
             **settings: defaults for `translate` by `DecodeConfig` field name (not `nbest`).
@@ -132,10 +128,8 @@ class Translator:
                 export without ctranslate2 (`pip install -e ".[ct2]"`).
         """
         with as_arguments():
-            model, tokenizer, where, torch_device, decode, rounded = _open(
-                path, str(device), precision, threads, settings, dtype)
-        translator = cls(model, tokenizer, device=torch_device, decode=decode, path=where,
-                         threads=threads)
+            model, tokenizer, where, torch_device, decode, rounded = _open(path, str(device), precision, threads, settings, dtype)
+        translator = cls(model, tokenizer, device=torch_device, decode=decode, path=where, threads=threads)
         if rounded:  # a call in another dtype decodes on the checkpoint's own weights
             translator._copies = DtypeCopies(model, functools.partial(
                 _checkpoint_in, where, model, torch_device))
@@ -143,29 +137,21 @@ class Translator:
 
     # a str gives one result, an iterable a list; nbest: a list each; return_scores: Translations
     @overload
-    def translate(self, lines: str, *, nbest: None = None, return_scores: Literal[False] = False,
-                  **settings: Any) -> str: ...
+    def translate(self, lines: str, *, nbest: None = None, return_scores: Literal[False] = False, **settings: Any) -> str: ...
     @overload
-    def translate(self, lines: str, *, nbest: int, return_scores: Literal[False] = False,
-                  **settings: Any) -> list[str]: ...
+    def translate(self, lines: str, *, nbest: int, return_scores: Literal[False] = False, **settings: Any) -> list[str]: ...
     @overload
-    def translate(self, lines: str, *, nbest: None = None, return_scores: Literal[True],
-                  **settings: Any) -> Translation: ...
+    def translate(self, lines: str, *, nbest: None = None, return_scores: Literal[True], **settings: Any) -> Translation: ...
     @overload
-    def translate(self, lines: str, *, nbest: int, return_scores: Literal[True],
-                  **settings: Any) -> list[Translation]: ...
+    def translate(self, lines: str, *, nbest: int, return_scores: Literal[True], **settings: Any) -> list[Translation]: ...
     @overload
-    def translate(self, lines: Iterable[str], *, nbest: None = None,
-                  return_scores: Literal[False] = False, **settings: Any) -> list[str]: ...
+    def translate(self, lines: Iterable[str], *, nbest: None = None, return_scores: Literal[False] = False, **settings: Any) -> list[str]: ...
     @overload
-    def translate(self, lines: Iterable[str], *, nbest: int, return_scores: Literal[False] = False,
-                  **settings: Any) -> list[list[str]]: ...
+    def translate(self, lines: Iterable[str], *, nbest: int, return_scores: Literal[False] = False, **settings: Any) -> list[list[str]]: ...
     @overload
-    def translate(self, lines: Iterable[str], *, nbest: None = None, return_scores: Literal[True],
-                  **settings: Any) -> list[Translation]: ...
+    def translate(self, lines: Iterable[str], *, nbest: None = None, return_scores: Literal[True], **settings: Any) -> list[Translation]: ...
     @overload
-    def translate(self, lines: Iterable[str], *, nbest: int, return_scores: Literal[True],
-                  **settings: Any) -> list[list[Translation]]: ...
+    def translate(self, lines: Iterable[str], *, nbest: int, return_scores: Literal[True], **settings: Any) -> list[list[Translation]]: ...
 
     def translate(self, lines: str | Iterable[str], *, nbest: int | None = None,
                   return_scores: bool = False, return_attention: bool = False,
@@ -205,32 +191,25 @@ class Translator:
         return out[0] if single else out
 
     @overload
-    def translate_iterable(self, lines: Iterable[str], *, nbest: None = None,
-                           return_scores: Literal[False] = False, **settings: Any) -> Iterator[str]: ...
+    def translate_iterable(self, lines: Iterable[str], *, nbest: None = None, return_scores: Literal[False] = False, **settings: Any) -> Iterator[str]: ...
     @overload
-    def translate_iterable(self, lines: Iterable[str], *, nbest: int,
-                           return_scores: Literal[False] = False, **settings: Any) -> Iterator[list[str]]: ...
+    def translate_iterable(self, lines: Iterable[str], *, nbest: int, return_scores: Literal[False] = False, **settings: Any) -> Iterator[list[str]]: ...
     @overload
-    def translate_iterable(self, lines: Iterable[str], *, nbest: None = None,
-                           return_scores: Literal[True], **settings: Any) -> Iterator[Translation]: ...
+    def translate_iterable(self, lines: Iterable[str], *, nbest: None = None, return_scores: Literal[True], **settings: Any) -> Iterator[Translation]: ...
     @overload
-    def translate_iterable(self, lines: Iterable[str], *, nbest: int, return_scores: Literal[True],
-                           **settings: Any) -> Iterator[list[Translation]]: ...
+    def translate_iterable(self, lines: Iterable[str], *, nbest: int, return_scores: Literal[True], **settings: Any) -> Iterator[list[Translation]]: ...
 
     def translate_iterable(self, lines: Iterable[str], *, nbest: int | None = None,
                            return_scores: bool = False, return_attention: bool = False,
                            **settings: Any) -> Iterator[Any]:
-        """Translate any iterable of lines lazily: one result per line, in input order.
-
-        Lines are read a decoding batch's worth at a time (`batch_tokens` source tokens or
+        """Translate any iterable of lines lazily: one result per line, in input order. Lines are read a decoding batch's worth at a time (`batch_tokens` source tokens or
         lines) and given back before more are read; from a file object with a descriptor
         (`sys.stdin`, a pipe) a batch also ends when no further line is waiting. The
         keywords are `translate`'s (but `target_prefix`), checked at the call.
 
-        Raises:
-            ConfigError: a bad setting (named by its keyword), attention of an export: at the call.
-            TypeError: a str or bytes for lines, at the call; a line that is not a str,
-                when the iterator reaches it.
+        Raises: ConfigError (a bad setting, by its keyword; attention of an export) and
+            TypeError (a str or bytes for lines) at the call; TypeError for a line that is
+            not a str when the iterator reaches it.
         """
         check_iterable(lines)
         cfg = self._config(settings, nbest)  # a bad setting before any line
@@ -239,17 +218,13 @@ class Translator:
                                  around=lambda: torch_threads(self.threads))
 
     @overload
-    def score(self, sources: str, targets: str | list[str] | Translation, *,
-              return_tokens: Literal[False] = False, **settings: Any) -> float: ...
+    def score(self, sources: str, targets: str | list[str] | Translation, *, return_tokens: Literal[False] = False, **settings: Any) -> float: ...
     @overload
-    def score(self, sources: str, targets: str | list[str] | Translation, *,
-              return_tokens: Literal[True], **settings: Any) -> tuple[float, list[float]]: ...
+    def score(self, sources: str, targets: str | list[str] | Translation, *, return_tokens: Literal[True], **settings: Any) -> tuple[float, list[float]]: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *,
-              return_tokens: Literal[False] = False, **settings: Any) -> list[float]: ...
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *, return_tokens: Literal[False] = False, **settings: Any) -> list[float]: ...
     @overload
-    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *,
-              return_tokens: Literal[True], **settings: Any) -> list[tuple[float, list[float]]]: ...
+    def score(self, sources: Iterable[str], targets: Iterable[str | list[str] | Translation], *, return_tokens: Literal[True], **settings: Any) -> list[tuple[float, list[float]]]: ...
 
     def score(self, sources: str | Iterable[str],
               targets: str | list[str] | Translation | Iterable[str | list[str] | Translation],
@@ -287,18 +262,15 @@ class Translator:
         return out[0] if single else out
 
     def _config(self, settings: dict[str, Any], nbest: int | None) -> DecodeConfig:
-        settings = settings if nbest is None else {**settings, "nbest": nbest}
+        settings = settings if nbest is None else {**settings, "nbest": nbest}  # this call's
         if not settings:
             return self.decode  # the Translator's own, resolved once
         with as_arguments():  # this call's, checked (an error names the keyword) and resolved once
             return decode_settings(decode_config(self.decode, settings), self.device, self.model)
 
     def _in_dtype(self, cfg: DecodeConfig) -> Transformer | CT2Model:
-        """The model to decode in cfg's precision: the shared one, which a call never
-        changes (threads may share it), or the model in that dtype (`DtypeCopies`: made at
-        the first call that asks, kept while the weights stay; from the checkpoint's own
-        weights where `load` holds them rounded, so that a call computes what
-        `mt-translate decode.precision=...` computes)."""
+        """The model in cfg's precision: the shared one (a call never changes it), or its
+        copy in that dtype (`DtypeCopies`; the checkpoint's own weights where `load` rounded)."""
         return self.model if self._copies is None else self._copies.get(DTYPES[cfg.precision])
 
     def __repr__(self) -> str:

@@ -13,12 +13,11 @@ Masks are never passed in: they are built here from the ids and `pad_id` (masks.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from transformer.config import ModelConfig
 from transformer.model.attention import autocast_input, key_bias
-from transformer.model.cache import DecoderCache
+from transformer.model.cache import DecoderCache, cached_states
 from transformer.model.dropout import Dropout
 from transformer.model.layers import DecoderLayer, EncoderLayer, sinusoid_table
 from transformer.model.masks import src_key_mask, tgt_self_mask
@@ -205,7 +204,7 @@ class Transformer(nn.Module):
         self._check_ids(tgt_in_ids, "tgt_in_ids")
         if cache is not None:  # one step of incremental decoding (cache.py)
             try:
-                return self._cached_states(tgt_in_ids, memory, src_ids, cache)
+                return cached_states(self, tgt_in_ids, memory, src_ids, cache)
             except IndexError:  # the CPU lookup's range check: name the tensor
                 raise ValueError(f"tgt_in_ids holds ids outside the vocabulary [0, {self.cfg.vocab_size})") from None
         if memory.shape[:2] != src_ids.shape or tgt_in_ids.size(0) != src_ids.size(0):
@@ -219,59 +218,6 @@ class Transformer(nn.Module):
         for layer in self.decoder_layers:
             x = layer(x, memory, tgt_mask, src_mask, src_bias)
         return self.decoder_norm(x)
-
-
-    def _cached_states(self, tgt_in_ids: torch.Tensor, memory: torch.Tensor | None,
-                       src_ids: torch.Tensor | None, cache: DecoderCache) -> torch.Tensor:
-        """The decoder's states (R, T, D) for the new ids tgt_in_ids (R, T), on `cache`
-        (eager: the position is the cache's length, an int). The first call (an empty
-        cache) needs memory (A, S, D) and src_ids (A, S) with R a multiple of A; later
-        calls ignore them."""
-        pos, t = cache.length, tgt_in_ids.size(1)
-        if pos + t > self.cfg.max_positions:
-            raise ValueError(f"sequence of {pos + t} tokens exceeds model max_positions="
-                             f"{self.cfg.max_positions}")
-        if not cache.started:
-            if memory is None or src_ids is None:
-                raise ValueError("the first decode call on a cache needs the memory and src_ids")
-            if memory.shape[:2] != src_ids.shape or tgt_in_ids.size(0) % max(src_ids.size(0), 1):
-                raise ValueError(f"shapes disagree: tgt_in_ids {tuple(tgt_in_ids.shape)}, memory "
-                                 f"{tuple(memory.shape)}, src_ids {tuple(src_ids.shape)}")
-            cache.start(self, tgt_in_ids.size(0), memory, src_ids)
-        kv = cache.kv  # (R, 2N, H, L, Dh)
-        if pos + t > kv.size(3):
-            raise ValueError(f"the cache holds {kv.size(3)} positions; {pos + t} asked")
-        if tgt_in_ids.size(0) != kv.size(0):
-            raise ValueError(f"tgt_in_ids has {tgt_in_ids.size(0)} rows, the cache {kv.size(0)}")
-        x = F.embedding(tgt_in_ids, cache.embed, self.cfg.pad_id).add_(self.sinusoids[pos:pos + t])
-        cross, src_mask = cache.cross, cache.src_mask  # (A, 2N, H, S, Dh), (A, 1, 1, S)
-        mask = cache.positions[pos:pos + t][None, None]  # (1, 1, T, L)
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer.step(x, kv[:, 2 * i:2 * i + 2], cross[:, 2 * i:2 * i + 2], src_mask, pos,
-                           mask, cache.qkv[i])
-        cache.length = pos + t
-        return self.decoder_norm(x)
-
-    def static_step(self, tgt_ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor,
-                    cross: torch.Tensor, src_mask: torch.Tensor, embed: torch.Tensor,
-                    qkv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One decoding step of fixed shape, what `torch.compile` traces: the new ids
-        tgt_ids (R, 1) at position pos (a 0-d long tensor) on a static `DecoderCache`'s
-        `kv` (R, 2N, H, L, Dh), written at pos, `cross` (A, 2N, H, S, Dh), `src_mask`
-        (A, 1, 1, S), `embed` and `qkv`. Returns the next token's log-probabilities (R, V),
-        float32: the arithmetic of `decode` on the cache and `log_softmax`, op for op.
-
-        Nothing here reads a Python number that changes from step to step: a batch's steps
-        share one graph and, on buffers that never move, one CUDA graph per row count. The
-        caller advances pos and the cache's length."""
-        x = F.embedding(tgt_ids, embed, self.cfg.pad_id)  # (R, 1, D)
-        x = torch.add(x, self.sinusoids.index_select(0, pos.view(1))).to(x.dtype)
-        mask = (torch.arange(kv.size(3), device=kv.device) <= pos).view(1, 1, 1, -1)  # (1, 1, 1, L)
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer.step(x, kv[:, 2 * i:2 * i + 2], cross[:, 2 * i:2 * i + 2], src_mask, pos,
-                           mask, qkv[i])
-        logits = self.out_proj(self.decoder_norm(x))[:, -1]  # (R, V)
-        return torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # the cast fused when compiled
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
