@@ -33,3 +33,18 @@ def test_a_failure_in_validation_keeps_the_updates_before_it(tmp_path, monkeypat
     saved = ckpt.step_checkpoints(tmp_path / "run")
     assert [p.name for p in saved] == ["step_10"]
     assert ckpt.load_trainer_state(saved[0])["train_state"]["step"] == 10
+
+
+@pytest.mark.parametrize(("asked", "training", "decoded"),
+                         [("auto", "bf16", "bf16"), ("auto", "fp32", "fp32"), ("fp32", "bf16", "fp32")])
+def test_dev_bleu_decodes_in_the_precision_the_model_trains_in(asked, training, decoded):
+    """decode.precision auto follows the training precision (a CPU's decoding auto is fp32,
+    for exports' sake; dev BLEU needs no export's agreement and bf16 is faster there); an
+    explicit decode.precision is kept."""
+    import torch
+
+    from transformer.config import DecodeConfig
+
+    validator = Validator({}, None, DecodeConfig(precision=asked), 0.1, training, torch.device("cpu"),
+                          4096, 10, 64)
+    assert validator.decode.precision == decoded
