@@ -240,10 +240,15 @@ def step_train(plan: Plan, work: Path, r: dict) -> dict:
            f"trainer.max_hours={seconds / 3600:.6f}"]
     print("$", " ".join(cmd), flush=True)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    print(proc.stdout[-20000:], proc.stderr[-40000:], sep="\n", flush=True)
+    # each line on to the step's log as it comes, so that a step cut off at its limit still
+    # shows how far it got (the first compiled update, say)
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
     r |= {"wall_seconds": round(time.monotonic() - t0, 1), "max_hours": round(seconds / 3600, 6)}
-    log = proc.stdout + proc.stderr
+    log = "".join(lines)
     for key, pattern in (("precision", r"precision: (\w+)"), ("parameters", r"model: ([\d,]+) parameters"),
                          ("first_compile_s", r"compiled the training step in ([\d.]+) s"),
                          ("compile_error", r"compiling the training step failed \((.*)\); training goes on")):
@@ -265,7 +270,7 @@ def step_train(plan: Plan, work: Path, r: dict) -> dict:
                   if tag in ("train/loss", "train/lr", "train/hours", "train/tokens_per_s", "dev/bleu")
                   or (tag.startswith("dev/") and tag.endswith(("/bleu", "/loss")))}
     if proc.returncode != 0:
-        raise StepFailed(f"mt-train exited {proc.returncode}: {last_line(proc.stderr)}")
+        raise StepFailed(f"mt-train exited {proc.returncode}: {last_line(log)}")
     if not loss:
         raise StepFailed("mt-train logged no training loss")
     return r
