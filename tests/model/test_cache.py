@@ -180,25 +180,28 @@ def test_a_static_cache_keeps_its_rows():
             static.reorder(torch.tensor([0, 1, 2, 3, 3]))
 
 
-def test_the_traced_static_step_writes_static_inputs_only():
-    """What inductor needs to replay a step as a CUDA graph (it skips graphs with a
-    mutated input that is not static, torch/_inductor/cudagraph_trees.py): AOT autograd's
-    metadata of the traced step lists the inputs it writes, and each must be static."""
+def aot_traced(model, seen: list):
+    """`static_step` compiled through AOT autograd (no code generated); each trace appends
+    (the runtime indices of the inputs it writes, those of its static inputs) to `seen`."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch._guards import TracingContext
-
-    seen = []
 
     def inspect(gm, example_inputs):
         meta = TracingContext.get().fw_metadata
         seen.append((set(meta.mutated_inp_runtime_indices), set(meta.static_input_indices)))
         return make_boxed_func(gm.forward)
 
-    model = tiny_model()
     torch._dynamo.reset()
-    step = torch.compile(static_step, backend=aot_autograd(fw_compiler=inspect),
-                         fullgraph=True)
+    return torch.compile(static_step, backend=aot_autograd(fw_compiler=inspect), fullgraph=True)
+
+
+def test_the_traced_static_step_writes_static_inputs_only():
+    """What inductor needs to replay a step as a CUDA graph (it skips graphs with a
+    mutated input that is not static, torch/_inductor/cudagraph_trees.py): AOT autograd's
+    metadata of the traced step lists the inputs it writes, and each must be static."""
+    model, seen = tiny_model(), []
+    step = aot_traced(model, seen)
     with torch.inference_mode():
         eager, static = started(model, 2, beams=2), started(model, 2, beams=2, static=True)
         tokens = [[5, 6, 7, 8], [9, 9, 5, 6]]
@@ -213,23 +216,10 @@ def test_the_traced_static_step_writes_static_inputs_only():
 def test_an_unmarked_buffer_is_caught():
     """The check above fails where it should: the same step on a cache whose buffers are
     not marked static has a mutated input that is not static."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._guards import TracingContext
-
-    seen = []
-
-    def inspect(gm, example_inputs):
-        meta = TracingContext.get().fw_metadata
-        seen.append(set(meta.mutated_inp_runtime_indices) - set(meta.static_input_indices))
-        return make_boxed_func(gm.forward)
-
-    model = tiny_model()
-    torch._dynamo.reset()
-    step = torch.compile(static_step, backend=aot_autograd(fw_compiler=inspect),
-                         fullgraph=True)
+    model, seen = tiny_model(), []
+    step = aot_traced(model, seen)
     with torch.inference_mode():
         cache = started(model, 2, beams=2)  # not static: nothing marked
         step(model, torch.full((4, 1), 5), torch.ones((), dtype=torch.long), cache.kv, cache.cross,
              cache.src_mask, cache.embed, cache.qkv)
-    assert seen and seen[0], "a written unmarked buffer should be a mutated non-static input"
+    assert seen and seen[0][0] - seen[0][1], "a written unmarked buffer should be a mutated non-static input"
