@@ -133,17 +133,23 @@ def _digest(path: Path) -> str | None:
         return None  # missing or unreadable: not what was written
 
 
+def _read_json(path: Path, fault, rebuild: str) -> dict:
+    """A cache's JSON file, its content checked by `fault` (what is wrong, or None);
+    DataError naming the file and what is wrong."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"corrupt prepared-data cache {path} ({' '.join(str(e).split())}): "
+                        f"{rebuild}") from None
+    why = fault(content)
+    if why:
+        raise DataError(f"corrupt prepared-data cache {path} ({why}): {rebuild}")
+    return content
+
+
 def _read_meta(meta_file: Path, rebuild: str) -> dict:
     """meta.json, its fields checked; DataError naming it and what is wrong."""
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"corrupt prepared-data cache {meta_file} ({' '.join(str(e).split())}): "
-                        f"{rebuild}") from None
-    why = _meta_fault(meta)
-    if why:
-        raise DataError(f"corrupt prepared-data cache {meta_file} ({why}): {rebuild}")
-    return meta
+    return _read_json(meta_file, _meta_fault, rebuild)
 
 
 def _meta_fault(meta: object) -> str | None:
@@ -209,15 +215,7 @@ def _read_stats(stats_file: Path, recorded: str | None, rebuild: str) -> dict:
     if recorded is not None and _digest(stats_file) != recorded:
         raise DataError(f"corrupt prepared-data cache {stats_file.parent}: {STATS} is not what was "
                         f"written (its SHA-256 differs from {META}'s): {rebuild}")
-    try:
-        stats = json.loads(stats_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"corrupt prepared-data cache {stats_file} ({' '.join(str(e).split())}): "
-                        f"{rebuild}") from None
-    why = _stats_fault(stats)
-    if why:
-        raise DataError(f"corrupt prepared-data cache {stats_file} ({why}): {rebuild}")
-    return stats
+    return _read_json(stats_file, _stats_fault, rebuild)
 
 
 def _stats_fault(stats: object) -> str | None:
