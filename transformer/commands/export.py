@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from transformer.checkpoint import find_checkpoint
 from transformer.commands import cli
 from transformer.decoding.ct2_model import require_ctranslate2
-from transformer.deploy.argos import export_argos
+from transformer.deploy.argos import export_argos, require_spacy
 from transformer.deploy.ct2_export import ExportConfig, export_ct2
 
 
@@ -33,6 +33,8 @@ def export(cfg: ExportConfig) -> Path:
         The path written: the CTranslate2 directory or the `.argosmodel` file.
     """
     require_ctranslate2("mt-export")  # a missing extra first: nothing else can be done without it
+    if cfg.format == "argos":
+        require_spacy()
     cfg = dataclasses.replace(cfg, checkpoint=str(find_checkpoint(cfg.checkpoint)))  # a run: its best
     return export_argos(cfg) if cfg.format == "argos" else export_ct2(cfg)
 

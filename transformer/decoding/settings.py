@@ -75,8 +75,8 @@ def decode_precision(precision: str, device: torch.device, key: str = "decode.pr
     CTranslate2 export computes in fp32 there (its CPU backend has no bf16), so a checkpoint
     and its fp32 export translate alike by default (in bf16 the search breaks some near-ties
     the other way: docs/deploying.md, "A checkpoint and its export"). `decode.precision=bf16`
-    asks for bf16, 1.6-1.7x as fast on a CPU with native bf16 for at most 0.1 BLEU
-    (docs/results.md, "bf16 decoding against fp32")."""
+    asks for bf16, faster on a CPU with native bf16 at a small cost in BLEU (docs/results.md,
+    "bf16 decoding against fp32")."""
     resolved = resolve_precision(precision, device, key=key)[0]  # checked as training's
     return "fp32" if precision == "auto" and device.type == "cpu" else resolved
 

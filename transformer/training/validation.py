@@ -61,7 +61,8 @@ class Validator:
                  max_tokens: int, bleu_sentences: int | None, max_positions: int,
                  after_batch: Callable[[], object] | None = None) -> None:
         # dev BLEU decodes in the precision the model trains in (decode.precision auto; on a
-        # CPU, auto alone would be fp32, as an export decodes: 1.6-1.7x slower than bf16)
+        # CPU, auto alone would be fp32, as an export decodes, and slower than bf16:
+        # docs/results.md, "bf16 decoding against fp32")
         if decode.precision == "auto":
             decode = replace(decode, precision=precision)
         self.devs, self.tokenizer, self.decode = devs, tokenizer, decode
