@@ -207,9 +207,9 @@ class Translator:
         (`sys.stdin`, a pipe) a batch also ends when no further line is waiting. The
         keywords are `translate`'s (but `target_prefix`), checked at the call.
 
-        Raises: ConfigError (a bad setting, by its keyword; attention of an export) and
-            TypeError (a str or bytes for lines) at the call; TypeError for a line that is
-            not a str when the iterator reaches it.
+        Raises:
+            ConfigError: a bad setting (by its keyword) or an export's attention, at the call.
+            TypeError: a str or bytes for lines, at the call; a line not a str, when reached.
         """
         check_iterable(lines)
         cfg = self._config(settings, nbest)  # a bad setting before any line
