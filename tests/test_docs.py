@@ -335,3 +335,15 @@ def test_ci_builds_the_manual_strictly_and_sees_its_warnings():
     assert builds, ".ci/run no longer builds the manual"
     for args in builds:
         assert "--strict" in args and "--quiet" not in args and "-q" not in args, args
+
+
+def test_no_issue_number_in_the_manual_the_readme_or_the_help():
+    """The manual is for users: it names no issue of the project's tracker (`#57`, `issue
+    #57`) in docs/, README.md or the settings' help texts that `--help` prints."""
+    pattern = re.compile(r"(?<![\w/(-])#\d{2,}\b|\bissue #?\d+", re.IGNORECASE)
+    texts = {p: p.read_text(encoding="utf-8") for p in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]}
+    texts[PROJECT_ROOT / "transformer/config.py"] = (PROJECT_ROOT / "transformer/config.py").read_text(encoding="utf-8")
+    found = [f"{p.relative_to(PROJECT_ROOT)}:{n}: {line.strip()[:80]}" for p, text in texts.items()
+             for n, line in enumerate(text.splitlines(), 1)
+             for m in pattern.finditer(line) if not line[:m.start()].rstrip().endswith("](")]
+    assert found == []
