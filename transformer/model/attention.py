@@ -125,10 +125,7 @@ class MultiHeadAttention(nn.Module):
             x, kv = autocast_input(x), autocast_input(kv)
         q, k, v = self._projections(x, kv)  # (B, H, T|S, Dh)
         p = self.dropout if self.training else 0.0
-        use_sdpa = q.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
-        # compiled: SDPA (the explicit path's check for empty rows reads a value, which
-        # would break the graph in every attention layer)
-        use_sdpa = use_sdpa or torch.compiler.is_compiling()
+        use_sdpa = self._sdpa(q)
         if self.store_weights or not use_sdpa:
             w = attention_weights(q, k, mask)
             if self.store_weights:
@@ -156,7 +153,6 @@ class MultiHeadAttention(nn.Module):
         if kv is x:
             return fused[0], fused[1], fused[2]
         return self._heads(self.q_proj(x)), fused[0], fused[1]
-
 
     # Incremental decoding (`layers.DecoderLayer.step`, on a `cache.DecoderCache`): R rows,
     # T new positions (1 in a search), L the cache's length bound, A sentences.
@@ -197,7 +193,7 @@ class MultiHeadAttention(nn.Module):
 
     def step_cross(self, x: torch.Tensor, kv: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Cross-attention of x (R, T, D) to kv (A, 2, H, S, Dh), one set per sentence
-        (`project_memory`), src_mask (A, 1, 1, S): a sentence's W = R / A rows are its W * T
+        (`memory_kv`), src_mask (A, 1, 1, S): a sentence's W = R / A rows are its W * T
         queries. Returns (R, T, D)."""
         r, t, d = x.shape
         a = kv.size(0)
@@ -206,6 +202,9 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(r, t, d))
 
     def _sdpa(self, x: torch.Tensor) -> bool:
+        """Whether x's attention takes SDPA: `use_sdpa`, or by device; always when compiled
+        (the explicit path's check for empty rows reads a value, which would break the graph
+        in every attention layer)."""
         use = x.device.type != "cpu" if self.use_sdpa is None else self.use_sdpa
         return use or torch.compiler.is_compiling()
 
