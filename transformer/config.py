@@ -176,8 +176,8 @@ class FilterConfig:
     either side, e.g. 0.1; null: off."""
     langid: float | None = None
     """Language identification (py3langid: pip install 'transformer-mt[filters]'): drop
-    a pair when a side is identified as another language than src_lang / tgt_lang with at
-    least this probability (0: whenever another language ranks first); null: off."""
+    a pair when the probability that a side is in its language (src_lang, tgt_lang) is
+    below this, e.g. 0.01 (short sentences score low: see docs/data.md); null: off."""
     dedup: str | None = None
     """Duplicates: `pairs` drops a pair identical to an earlier one, `target` a pair whose
     target an earlier pair has (its source a paraphrase); null: off."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from transformer.config import DataConfig, FilterConfig
 from transformer.data.corpus import DataError
-from transformer.data.langid import NO_FEATURES, language_id
+from transformer.data.langid import language_id
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +92,14 @@ def script_ok(src: Sequence[str], tgt: Sequence[str], share: float) -> np.ndarra
 
 
 def langid_ok(src: Sequence[str], tgt: Sequence[str], langs: tuple[str, str], min_prob: float) -> np.ndarray:
-    """Pairs neither of whose sides is identified as another language than `langs` (source,
-    target) with probability `min_prob` or more. A side without any n-gram the model knows
-    (digits, punctuation) is no other language."""
+    """Pairs each of whose sides is its language of `langs` (source, target) with
+    probability `min_prob` or more. A side without any n-gram the model knows (digits,
+    punctuation alone) passes: the model has nothing to say of it."""
     model = language_id()
     keep = np.ones(len(src), dtype=bool)
     for side, lang in zip((src, tgt), langs, strict=True):
-        index, prob = model.classify(side)
-        expected = model.languages.index(lang)
-        other = (index != NO_FEATURES) & (index != expected) & (prob >= min_prob)
-        keep &= ~other
+        probs, featureless = model.probabilities(side)
+        keep &= (probs[:, model.languages.index(lang)].numpy() >= min_prob) | featureless
     return keep
 
 

@@ -48,8 +48,18 @@ class LanguageId:
             first.setdefault(language, i)
 
     def classify(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Each text's most probable language (an index into `languages`, or NO_FEATURES)
-        and its probability."""
+        """Each text's most probable language (an index into `languages`, or NO_FEATURES
+        for a text without any n-gram the model knows) and its probability."""
+        probs, featureless = self.probabilities(texts)
+        best, best_index = probs.max(dim=1)
+        index = best_index.numpy().copy()
+        index[featureless] = NO_FEATURES
+        return index, best.numpy()
+
+    def probabilities(self, texts: Sequence[str]) -> tuple[torch.Tensor, np.ndarray]:
+        """Each text's probability of each language (texts x languages; a script alias's
+        column is folded into its language's and holds 0), and which texts have no n-gram
+        the model knows (their probabilities are uniform)."""
         data = [_encode(t) for t in texts]
         lengths = np.array([len(b) for b in data], dtype=np.int64)
         rows, features = self._walk(data, lengths)
@@ -59,10 +69,7 @@ class LanguageId:
         for i, j in self.aliases:
             probs[:, i] += probs[:, j]
             probs[:, j] = 0.0
-        best, best_index = probs.max(dim=1)
-        index = best_index.numpy().copy()
-        index[np.bincount(rows, minlength=len(texts)) == 0] = NO_FEATURES
-        return index, best.numpy()
+        return probs, np.bincount(rows, minlength=len(texts)) == 0
 
     def _walk(self, data: list[bytes], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The automaton run over every text in step: (text, feature) of each feature seen."""
