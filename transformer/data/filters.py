@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,12 +32,10 @@ MAX_DEDUP_PAIRS = 100_000_000
 
 _DIGITS = re.compile(r"\d+")
 _LETTER = re.compile(r"[^\W\d_]")
-# A letter outside the Latin script: not Latin-1's letters, Latin Extended A/B, IPA, the
-# phonetic extensions, Latin Extended Additional, C, D, E, the Latin ligatures or full-width Latin.
-_NON_LATIN = re.compile(
-    "[^\\W\\d_A-Za-z\u00aa\u00ba\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u02af\u1d00-\u1dbf\u1e00-\u1eff"
-    "\u2071\u207f\u2090-\u209c\u2c60-\u2c7f\ua720-\ua7ff\uab30-\uab6f\ufb00-\ufb06\uff21-\uff3a\uff41-\uff5a]"
-)
+# The Latin script's letters: those Unicode names LATIN (from A to the full-width Latin
+# letters), and ª and º (Latin by Unicode's Scripts.txt; their names do not say so).
+_LATIN = "ªº" + "".join(c for c in map(chr, range(0x80, 0x10000)) if "LATIN" in unicodedata.name(c, ""))
+_NON_LATIN = re.compile(f"[^\\W\\d_A-Za-z{_LATIN}]")  # a letter (not \W, a digit or _) that is not Latin
 
 
 def check_filters(cfg: DataConfig) -> None:
