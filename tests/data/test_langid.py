@@ -10,9 +10,9 @@ from transformer.paths import PROJECT_ROOT
 
 pytest.importorskip("py3langid", reason="py3langid not installed (pip install 'transformer-mt[filters]')")
 
-from py3langid.langid import MODEL_FILE, LanguageIdentifier  # noqa: E402
+from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
-from transformer.data.langid import MAX_BYTES, NO_FEATURES, language_id  # noqa: E402
+from transformer.data.langid import MAX_BYTES, NO_FEATURES, language_id
 
 SAMPLE = PROJECT_ROOT / "data" / "sample"
 ODD = ["", "!!!", "1999/0067", "a", "CIAO A TUTTI", "Это тест.", "日本語のテキスト", "Ελληνικά κείμενα",

@@ -2,12 +2,12 @@
 
 py3langid (a fork of Lui and Baldwin's langid.py, 2012) scores a text with a naive Bayes
 model over byte n-grams, found by walking a finite automaton over the text's bytes. Its
-`classify` walks one text at a time in Python (about 200 µs for a Europarl sentence, four
-minutes for the corpus's 1.3 million sides); `LanguageId` walks a whole chunk of texts in
-step, one NumPy gather per byte position over the texts still that long, and scores them
-with one weighted sum of the model's rows per text: the same languages and probabilities (tests/data/test_langid.py
-compares them with py3langid's own), in seconds. The model ships inside the package (a
-NumPy archive, never a pickle); it is loaded once per process.
+`classify` walks one text at a time in Python, byte by byte; `LanguageId` walks a whole
+chunk of texts in step, one NumPy gather per byte position over the texts still that
+long, and scores them with one weighted sum of the model's rows per text: the same
+languages and probabilities (tests/data/test_langid.py compares them with py3langid's
+own), at a fraction of the cost (docs/results/filters.md). The model ships inside the
+package (a NumPy archive, never a pickle); it is loaded once per process.
 """
 
 from __future__ import annotations
