@@ -36,8 +36,9 @@ def main() -> None:
         data.validate()
         print(format_report(filter_report(data, cfg, args.examples, args.seed)))
         if args.time:
-            for label, seconds in preparation_seconds(data, cfg).items():
-                print(f"- {label}: {seconds} s")
+            print(f"Preparation's pass over the training split, data.num_proc={data.num_proc}:\n")
+            for label, (wall, cpu) in preparation_seconds(data, cfg).items():
+                print(f"- {label}: {wall} s ({cpu} CPU seconds)")
     except UserError as e:
         raise SystemExit(f"error: {e}") from None
 

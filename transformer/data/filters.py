@@ -78,7 +78,7 @@ def _has_digit(text: str) -> bool:
 
 def non_latin_share(text: str) -> float:
     """The share of `text`'s letters that are not in the Latin script (0 without letters)."""
-    if text.isascii():
+    if text.isascii() or _NON_LATIN.search(text) is None:  # the common case: one scan, no lists
         return 0.0
     letters = len(_LETTER.findall(text))
     return len(_NON_LATIN.findall(text)) / letters if letters else 0.0
