@@ -2,6 +2,7 @@
 alone and in preparation's order, and examples (transformer/inspection/filter_report.py).
 
     python scripts/data/filter_report.py tatoeba
+    python scripts/data/filter_report.py files --train-src my.it --train-tgt my.en
     python scripts/data/filter_report.py europarl --langid 0.01 --examples 10 --time
 """
 
@@ -17,8 +18,10 @@ from transformer.inspection.filter_report import filter_report, format_report, p
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("corpus", help="a named corpus: tatoeba | europarl | sample")
+    p.add_argument("corpus", help="a named corpus (tatoeba | europarl | sample), or files")
     p.add_argument("--root", default="../shared/data", help="where the named corpora lie (data.root)")
+    p.add_argument("--train-src", help="corpus files: the source file, or one TSV or JSONL file (data.train_src)")
+    p.add_argument("--train-tgt", help="corpus files: the target file of a plain-text pair (data.train_tgt)")
     p.add_argument("--char-ratio", type=float, default=3.0, help="data.filters.char_ratio")
     p.add_argument("--no-numbers", action="store_true", help="leave data.filters.numbers off")
     p.add_argument("--script", type=float, default=0.1, help="data.filters.script")
@@ -32,7 +35,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     try:
         cfg = FilterConfig(args.char_ratio, not args.no_numbers, args.script, args.langid, args.dedup)
-        data = DataConfig(name=args.corpus, root=args.root, filters=cfg)
+        data = DataConfig(name=args.corpus, root=args.root, train_src=args.train_src,
+                          train_tgt=args.train_tgt, filters=cfg)
         data.validate()
         print(format_report(filter_report(data, cfg, args.examples, args.seed)))
         if args.time:

@@ -36,7 +36,7 @@ def test_each_rule_alone_counts_and_shows_what_it_removed(tmp_path):
     assert report.chain == {"char_ratio": 1, "numbers": 2, "script": 1, "dedup": 1}  # the rules on
     assert sum(report.chain.values()) + report.kept == report.pairs
     text = format_report(report)
-    assert "| numbers | 2 (3.03%)" in text and "Привет" in text
+    assert "| numbers | 2 (3.03%) | 0 |" in text and "Привет" in text
 
 
 def test_the_examples_are_a_sample_of_all_removals(tmp_path):

@@ -37,6 +37,7 @@ class RuleReport:
     a sample of its removals."""
 
     removed: int = 0
+    alike: int = 0  # removed pairs whose two sides are the same text (a code, an untranslated line)
     seconds: float = 0.0
     examples: list[tuple[str, str, str]] = field(default_factory=list)  # (source, target, why)
     _seen: int = 0  # removals offered to the sample so far
@@ -135,6 +136,7 @@ def _sample(report: RuleReport, removed: np.ndarray, src: list[str], tgt: list[s
     """Count a chunk's removals and keep a uniform sample of `k` of all removals so far
     (reservoir sampling), each with why it was removed."""
     report.removed += len(removed)
+    report.alike += sum(src[i] == tgt[i] for i in removed)
     for i in removed:
         report._seen += 1
         slot = len(report.examples) if len(report.examples) < k else rng.randrange(report._seen)
@@ -150,8 +152,9 @@ def format_report(report: Report) -> str:
     """The report as Markdown: counts (alone and in order), then each rule's examples."""
     share = lambda n: f"{n:,} ({n / max(1, report.pairs):.2%})"  # noqa: E731
     lines = [f"## {report.corpus}: {report.pairs:,} training pairs after cleaning", "",
-             "| rule | removes alone | CPU seconds alone (one process) |", "|---|---|---|"]
-    lines += [f"| {name} | {share(r.removed)} | {r.seconds:.1f} |" for name, r in report.alone.items()]
+             "| rule | removes alone | of which both sides alike | CPU seconds alone (one process) |",
+             "|---|---|---|---|"]
+    lines += [f"| {name} | {share(r.removed)} | {r.alike:,} | {r.seconds:.1f} |" for name, r in report.alone.items()]
     lines += ["", "In preparation's order (each counts what the earlier ones left):", ""]
     lines += [f"- {rule}: {share(n)}" for rule, n in report.chain.items()]
     lines += [f"- kept: {share(report.kept)}", ""]
