@@ -196,7 +196,7 @@ class FilterConfig:
 
     def active(self) -> bool:
         """Whether any filter is on."""
-        return any(v not in (None, False) for v in asdict(self).values())
+        return any(v is not None and v is not False for v in asdict(self).values())  # script=0 is on
 
 
 @dataclass

@@ -141,6 +141,9 @@ def test_chunk_filter_off_keeps_everything():
     rows, counts = chunk_filter(src, tgt, FilterConfig(), ("it", "en"))
     assert rows.tolist() == list(range(len(src))) and counts == {}
     assert not FilterConfig().active() and FilterConfig(numbers=True).active()
+    assert FilterConfig(script=0.0).active()  # any letter outside the Latin script drops the pair
+    src, tgt = split([*GOOD, ("Il valore di π.", "The value of π.")])
+    assert chunk_filter(src, tgt, FilterConfig(script=0.0), ("it", "en"))[1] == {"script": 1}
 
 
 @needs_langid

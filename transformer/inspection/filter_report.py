@@ -128,7 +128,8 @@ def filter_report(data: DataConfig, cfg: FilterConfig, examples: int = 10, seed:
 
 
 def _on(cfg: FilterConfig, rule: str) -> bool:
-    return getattr(cfg, rule) not in (None, False)
+    value = getattr(cfg, rule)
+    return value is not None and value is not False
 
 
 def _sample(report: RuleReport, removed: np.ndarray, src: list[str], tgt: list[str],
