@@ -31,11 +31,13 @@ RULES = ("char_ratio", "numbers", "script", "langid", "dedup")  # in the order t
 MAX_DEDUP_PAIRS = 100_000_000
 
 _DIGITS = re.compile(r"\d+")
-_LETTER = re.compile(r"[^\W\d_]")
 # The Latin script's letters: those Unicode names LATIN (from A to the full-width Latin
-# letters), and ª and º (Latin by Unicode's Scripts.txt; their names do not say so).
-_LATIN = "ªº" + "".join(c for c in map(chr, range(0x80, 0x10000)) if "LATIN" in unicodedata.name(c, ""))
-_NON_LATIN = re.compile(f"[^\\W\\d_A-Za-z{_LATIN}]")  # a letter (not \W, a digit or _) that is not Latin
+# letters), ª and º (Latin by Unicode's Scripts.txt; their names do not say so) and µ
+# (the micro sign, a letter of no script).
+_LATIN = "ªºµ" + "".join(c for c in map(chr, range(0x80, 0x10000)) if "LATIN" in unicodedata.name(c, ""))
+# A word character that is not a digit, _ or Latin: a letter (or a number such as ½ or ²,
+# which `non_latin_share` leaves out: str.isalpha is the test of a letter)
+_NON_LATIN = re.compile(f"[^\\W\\d_A-Za-z{_LATIN}]")
 
 
 def check_filters(cfg: DataConfig) -> None:
@@ -80,8 +82,8 @@ def non_latin_share(text: str) -> float:
     """The share of `text`'s letters that are not in the Latin script (0 without letters)."""
     if text.isascii() or _NON_LATIN.search(text) is None:  # the common case: one scan, no lists
         return 0.0
-    letters = len(_LETTER.findall(text))
-    return len(_NON_LATIN.findall(text)) / letters if letters else 0.0
+    non_latin = sum(c.isalpha() for c in _NON_LATIN.findall(text))
+    return non_latin / sum(c.isalpha() for c in text) if non_latin else 0.0
 
 
 def script_ok(src: Sequence[str], tgt: Sequence[str], share: float) -> np.ndarray:
