@@ -142,7 +142,8 @@ def write_clean(pairs: Iterable[tuple[str, str]], path: Path, origin: str, label
     empty = counts.pop("empty", 0)
     log.info("%s: dropped %d of %d pairs with an empty side", label, empty, raw)
     for rule in (r for r in RULES if r in counts):
-        log.info("%s: data.filters.%s dropped %d of %d pairs (%s)", label, rule, counts[rule], raw, WHY[rule])
+        why = "the target of an earlier pair" if rule == "dedup" and dedup and dedup.mode == "target" else WHY[rule]
+        log.info("%s: data.filters.%s dropped %d of %d pairs (%s)", label, rule, counts[rule], raw, why)
     if not kept:
         after = "cleaning and data.filters" if counts else "cleaning"
         raise DataError(f"{label} split is empty after {after} ({raw} pairs read from {origin})")
