@@ -47,3 +47,14 @@ def test_only_the_first_bytes_of_a_long_text_are_read():
     long_probs, _ = language_id().probabilities([head[:MAX_BYTES] + "Parliament agrees." * 1000])
     head_probs, _ = language_id().probabilities([head[:MAX_BYTES]])
     assert np.allclose(long_probs.numpy(), head_probs.numpy())
+
+
+def test_texts_walked_in_groups_of_bounded_bytes_get_the_same_answers(monkeypatch):
+    from transformer.data import langid
+
+    texts = [*read_lines(SAMPLE / "dev.it")[:30], *ODD]
+    whole, none = language_id().probabilities(texts)
+    monkeypatch.setattr(langid, "BATCH_BYTES", 50)  # a group every text or two
+    grouped, none_grouped = language_id().probabilities(texts)
+    assert np.allclose(grouped.numpy(), whole.numpy(), atol=1e-6) and (none_grouped == none).all()
+    assert language_id().probabilities([])[0].shape == (0, len(language_id().languages))

@@ -13,6 +13,7 @@ package (a NumPy archive, never a pickle); it is loaded once per process.
 from __future__ import annotations
 
 import functools
+import itertools
 import unicodedata
 from collections.abc import Sequence
 
@@ -22,6 +23,8 @@ import torch
 from transformer.data.corpus import DataError
 
 MAX_BYTES = 2048  # a text's first bytes that are read: a huge line costs no more than this
+# Texts walked together: at most this many bytes (and features, 8 bytes each, times a few)
+BATCH_BYTES = 4_000_000
 NO_FEATURES = -1  # `classify`'s language index for a text with no n-gram the model knows
 
 
@@ -62,14 +65,21 @@ class LanguageId:
         the model knows (their probabilities are uniform)."""
         data = [_encode(t) for t in texts]
         lengths = np.array([len(b) for b in data], dtype=np.int64)
-        rows, features = self._walk(data, lengths)
-        scores = self._scores(rows, features, len(texts))
-        scores *= torch.from_numpy(1.0 / np.sqrt(np.maximum(lengths, 1)).astype(np.float32))[:, None]
-        probs = torch.softmax(scores, dim=1)
+        # groups of at most BATCH_BYTES (a text's bytes bound the features it yields)
+        group = np.concatenate([[0], np.cumsum(lengths)[:-1]]) // BATCH_BYTES
+        cuts = [0, *np.flatnonzero(np.diff(group)) + 1, len(texts)]
+        probs, featureless = [], []
+        for a, b in itertools.pairwise(cuts):
+            rows, features = self._walk(data[a:b], lengths[a:b])
+            scores = self._scores(rows, features, b - a)
+            scores *= torch.from_numpy(1.0 / np.sqrt(np.maximum(lengths[a:b], 1)).astype(np.float32))[:, None]
+            probs.append(torch.softmax(scores, dim=1))
+            featureless.append(np.bincount(rows, minlength=b - a) == 0)
+        out = torch.cat(probs) if probs else torch.zeros(0, len(self.languages))
         for i, j in self.aliases:
-            probs[:, i] += probs[:, j]
-            probs[:, j] = 0.0
-        return probs, np.bincount(rows, minlength=len(texts)) == 0
+            out[:, i] += out[:, j]
+            out[:, j] = 0.0
+        return out, np.concatenate(featureless) if featureless else np.zeros(0, dtype=bool)
 
     def _walk(self, data: list[bytes], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The automaton run over every text in step: (text, feature) of each feature seen."""
