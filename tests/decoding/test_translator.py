@@ -578,7 +578,7 @@ def test_the_translator_examples_run_verbatim(page, precision, words, monkeypatc
 def test_a_busy_machine_without_a_wait_policy_gets_no_advice_from_the_library(words, monkeypatch, caplog):
     """The OpenMP wait policy is the process's, which a library does not own: on a busy
     machine without OMP_WAIT_POLICY, loading and translating say nothing about it (the
-    mt-* commands set it; docs/decoding.md, "Nothing process-wide", advises the user)."""
+    mt-* commands set it; docs/python-api.md, "Nothing process-wide", advises the user)."""
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with caplog.at_level(logging.DEBUG):
