@@ -20,7 +20,7 @@ from transformer.decoding.batch_memory import decode_batch_tokens
 from transformer.device import resolve_precision
 
 # On a CPU, batches of 2,000 source tokens decode greedy and beam 5 faster than 8,000 (the
-# small model; docs/results/decoding-speed.md, "Cached, naive and beam", has the figures). On CUDA the batch
+# small model; docs/results/decoding-speed.md, "Batch size", has the figures). On CUDA the batch
 # doubles from 8,000 while half the free memory holds its worst case
 # (`batch_memory.decode_batch_tokens`), below the ceiling of 65,536: 64,000 source tokens at
 # most. A GPU decodes more sentences a step for little more time.
