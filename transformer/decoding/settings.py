@@ -19,7 +19,7 @@ from transformer.config import ConfigError, DecodeConfig
 from transformer.decoding.batch_memory import decode_batch_tokens
 from transformer.device import resolve_precision
 
-# On a CPU, batches of 2,000 source tokens decode greedy and beam 5 faster than 8,000 (the
+# On a CPU, batches larger than 2,000 source tokens decode greedy and beam 5 no faster (the
 # small model; docs/results/decoding-speed.md, "Batch size", has the figures). On CUDA the batch
 # doubles from 8,000 while half the free memory holds its worst case
 # (`batch_memory.decode_batch_tokens`), below the ceiling of 65,536: 64,000 source tokens at
