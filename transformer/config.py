@@ -351,7 +351,7 @@ class TrainerConfig:
     compile: bool | None = False
     """torch.compile the forward and the loss; null: on for CUDA, off elsewhere. Off by
     default: on an H200 the GPU recipe's first compiled update had not finished compiling
-    after 395 s (docs/results.md, "On a GPU"), and a CPU's first compile takes minutes."""
+    after 395 s (docs/results/gpu.md, "The compiled training step"), and a CPU's first compile takes minutes."""
     seed: int = 1
     """Random seed: initial weights, batch order, dropout."""
     run_dir: str = "runs/default"
@@ -383,8 +383,8 @@ class TrainerConfig:
     diverge_after: int = 5
     """Skipped updates (inf/NaN loss or gradients) in a row before the run stops as
     diverged (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept."""
-    # 0.5: the Europarl recipe under 3 GB in bf16 at the same speed as 1.0 (docs/results.md,
-    # "Memory: the Europarl recipe's peak")
+    # 0.5: the Europarl recipe under 3 GB in bf16 at the same speed as 1.0 (docs/results/memory.md,
+    # "The heap slack and memory")
     heap_slack_gb: float | None = 0.5
     """CPU: free heap memory the process may keep before it is given back to the OS
     (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never."""

@@ -539,7 +539,7 @@ def test_an_exports_translation_scores_the_same_both_ways(words, keywords, tmp_p
 
 # --- the examples of the README and the manual run verbatim ----------------------------
 
-EXAMPLE_PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "docs" / "decoding.md"]
+EXAMPLE_PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "docs" / "python-api.md"]
 
 
 def translator_examples(page: Path) -> str:
@@ -558,7 +558,7 @@ def test_the_translator_examples_run_verbatim(page, precision, words, monkeypatc
     code = translator_examples(page)
     for needed in ("return_scores=True", "nbest=3", "translate_iterable(", ".score("):
         assert needed in code, f"{page.name} shows no {needed}"
-    if page.name == "decoding.md":  # and #59's features
+    if page.name == "python-api.md":  # and the manual's fuller examples
         for needed in ("t.token_scores", "return_attention=True", "return_tokens=True",
                        "target_prefix=", "no_repeat_ngram_size=", "max_batch_size=",
                        "ThreadPoolExecutor", "dtype="):
@@ -571,14 +571,14 @@ def test_the_translator_examples_run_verbatim(page, precision, words, monkeypatc
     exec(compile(code, str(page), "exec"), found)
     held = {p.dtype for p in found["translator"].model.parameters()}
     assert held == {torch.bfloat16 if precision == "bf16" else torch.float32}
-    top3 = found["top3"] if page.name == "decoding.md" else found["top3"][0]  # one line's
+    top3 = found["top3"] if page.name == "python-api.md" else found["top3"][0]  # one line's
     assert isinstance(found["best"][0], Translation) and len(top3) == 3
 
 
 def test_a_busy_machine_without_a_wait_policy_gets_no_advice_from_the_library(words, monkeypatch, caplog):
     """The OpenMP wait policy is the process's, which a library does not own: on a busy
     machine without OMP_WAIT_POLICY, loading and translating say nothing about it (the
-    mt-* commands set it; docs/decoding.md, "Nothing process-wide", advises the user)."""
+    mt-* commands set it; docs/python-api.md, "Nothing process-wide", advises the user)."""
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with caplog.at_level(logging.DEBUG):

@@ -74,7 +74,7 @@ CT2_FILES = ("model.bin", "config.json", "shared_vocabulary.json")
 DEFAULT_CPU_THREADS = 2
 # On a CPU the threads run as that many single-threaded workers (CTranslate2's inter_threads)
 # on sub-batches of this many source tokens, which decodes faster on a 2-core CPU than one
-# 2-thread worker on the same or larger batches (docs/deploying.md, "Speed and BLEU", has
+# 2-thread worker on the same or larger batches (docs/results/code-figures.md has
 # the figures).
 CPU_SUB_BATCH_TOKENS = 500
 NO_EARLY_EXIT = 1e-6  # a beam length_penalty that turns CTranslate2's early exit off

@@ -13,10 +13,10 @@ still live; and once per batch before the steps (the shortest length limit) and 
 them (the hypotheses). Everything else stays on the device: the history (each row's token
 and the row it extends) and the finished candidates' scores go into `finished.Finished`'s
 buffers, the rows to keep are found by a stable sort of the done flags, and the batch's
-hypotheses are read back in one transfer when it is done (docs/decoding.md, "On the
+hypotheses are read back in one transfer when it is done (docs/search.md, "On the
 device"). fairseq and CTranslate2 read more, each of them once a step (fairseq's
 finalized candidates, CTranslate2's top-k); what a step writes and allocates here follows
-them instead (docs/decoding.md, "A step of fixed shape").
+them instead (docs/search.md, "A step of fixed shape").
 
 Conventions shared by both searches (fairseq's, with the GNMT length penalty):
 - A `Hypothesis` holds the output tokens without BOS and EOS. Its score is the sum of
@@ -71,11 +71,11 @@ BUCKETS = {"cuda"}
 
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
 # on a slow path: once a model is confident most of its (N, V) log-probabilities are that
-# small, and a loss built on torch.logsumexp slows down as the model learns (docs/performance.md,
-# "Earlier measurements"). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps
+# small, and a loss built on torch.logsumexp slows down as the model learns (docs/results/training-speed.md,
+# "Why the step is built so"). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps
 # every exp in normal floats (`logsumexp`, which the forced scoring pass of
 # `decoding/tokens.py` takes). The search's step takes PyTorch's vectorised log_softmax, as
-# the loss (training/loss.py) does, which does not fall that far (docs/results.md, "Figures
+# the loss (training/loss.py) does, which does not fall that far (docs/results/code-figures.md, "Figures
 # behind the code's choices").
 _MIN_EXP = -60.0
 
