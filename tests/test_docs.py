@@ -347,3 +347,49 @@ def test_no_issue_number_in_the_manual_the_readme_or_the_help():
              for n, line in enumerate(text.splitlines(), 1)
              for m in pattern.finditer(line) if not line[:m.start()].rstrip().endswith("](")]
     assert found == []
+
+
+# What the extras add (pyproject.toml): none of it may be imported on the way to train,
+# translate, evaluate, average or draw the masks.
+OPTIONAL_MODULES = ("ctranslate2", "spacy", "argostranslate", "libretranslatepy", "optuna", "hydra_plugins",
+                    "submitit", "sqlalchemy", "pytest", "ruff", "mkdocs", "mkdocstrings")
+WITHOUT_EXTRAS = f"""
+import runpy, sys
+class NotInstalled:  # each finder of the interpreter, blind to the extras' modules
+    def __init__(self, finder):
+        self.finder = finder
+    def __getattr__(self, name):  # find_distributions, invalidate_caches: the finder's own
+        return getattr(self.finder, name)
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {OPTIONAL_MODULES!r}:
+            return None
+        return self.finder.find_spec(name, path, target)
+sys.meta_path[:] = [NotInstalled(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+module, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_base_install_trains_translates_and_evaluates_without_any_extra(tmp_path):
+    """`pip install -e .` is enough for the first hour: with every extra's modules unimportable,
+    mt-train, mt-translate, mt-evaluate, mt-average and mt-masks run on the sample; mt-export
+    says in one line which extra it needs."""
+    run = tmp_path / "run"
+    steps = [
+        ("train", ["debug=default", "data=sample", f"trainer.run_dir={run}", f"data.cache_dir={shared_cache()}"]),
+        ("translate", [f"checkpoint={run}", "input.text=Ciao, come stai?"]),
+        ("evaluate", [f"checkpoint={run}", "data=sample", "test_set=dev", "max_sentences=5",
+                      f"output_dir={tmp_path / 'eval'}"]),
+        ("average", [str(run), "--last", "2", "-o", str(tmp_path / "avg")]),
+        ("masks", [f"checkpoint={run}", "sentences=[Ciao]", f"output={tmp_path / 'masks.png'}"]),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
+    for module, args in steps:
+        proc = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, f"transformer.commands.{module}", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"mt-{module}: {proc.stderr[-3000:]}"
+    export = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, "transformer.commands.export",
+                             f"checkpoint={run}", f"output={tmp_path / 'export'}"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert export.returncode == 1 and 'pip install -e ".[export]"' in export.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "export").exists()

@@ -50,7 +50,7 @@ def template(tmp_path_factory) -> Path:
 
         export(ExportConfig(checkpoint=str(run / "checkpoints" / "best"), output=str(root / "EX"),
                             quantization="int8"))
-    except ImportError:  # no ct2 extra: the export cases skip
+    except ImportError:  # no export extra: the export cases skip
         pass
     return root
 
