@@ -217,10 +217,10 @@ def test_every_page_is_in_the_sites_navigation():
 # -- every README or manual section that a comment, docstring, config or page cites is there --
 
 # `README "Training speed"`, `(README, "Training speed")`, `docs/performance.md "Decoding speed"`,
-# `(docs/training.md, "Checking a GPU")`: a page, then a quoted heading (or its start) or a
+# `(docs/gpu.md, "Checking a GPU")`: a page, then a quoted heading (or its start) or a
 # paragraph's bold lead (`**Speed and BLEU**`).
 CITED_SECTION = re.compile(r'(?<![\w/.-])(README(?:\.md)?|(?:[\w-]+/)*[\w-]+\.md)(?:,\s*|\s+)"([^"\n]+)"')
-# `docs/results.md#on-a-gpu`, `](training.md#checking-a-gpu-scriptsgpu_checksh)`: a heading's anchor
+# `docs/results.md#on-a-gpu`, `](gpu.md#checking-a-gpu-scriptsgpu_checksh)`: a heading's anchor
 CITED_ANCHOR = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.md)#([\w-]+)")
 CITING = sorted({*PAGES, *(PROJECT_ROOT / "transformer").rglob("*.py"), *(PROJECT_ROOT / "scripts").rglob("*.*"),
                  *(PROJECT_ROOT / "tests").rglob("*.py"), *CONFIG_DIR.rglob("*.yaml")}
@@ -281,10 +281,10 @@ def test_the_citation_check_tells_a_moved_section_from_a_live_one():
     assert broken_citations(here, '(README, "Training speed")') == ['README, "Training speed"']  # moved to docs/
     assert broken_citations(here, 'docs/performance.md "OMP_WAIT_POLICY" and (docs/masks.md, "Why add −∞ to '
                                   'the scores")') == []  # a bold lead; a heading's start
-    assert broken_citations(here, "docs/training.md#checking-a-gpu-scriptsgpu_checksh") == []
-    assert broken_citations(here, "docs/training.md#checking-a-gpu") == ["docs/training.md#checking-a-gpu"]
+    assert broken_citations(here, "docs/gpu.md#checking-a-gpu-scriptsgpu_checksh") == []
+    assert broken_citations(here, "docs/gpu.md#checking-a-gpu") == ["docs/gpu.md#checking-a-gpu"]
     assert broken_citations(here, 'docs/nowhere.md, "Layout"') == ['docs/nowhere.md, "Layout"']
-    assert broken_citations(PROJECT_ROOT / "docs" / "results.md", "](training.md#checking-a-gpu-scriptsgpu_checksh)") == []
+    assert broken_citations(PROJECT_ROOT / "docs" / "results.md", "](gpu.md#checking-a-gpu-scriptsgpu_checksh)") == []
 
 
 def test_every_cited_readme_or_manual_section_exists():
