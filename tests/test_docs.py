@@ -449,3 +449,17 @@ def test_the_install_lines_and_every_extra_named_are_real():
     unknown = [f"{p.relative_to(PROJECT_ROOT)}: .[{names}]" for p in naming if p.suffix != ".png"
                for names in EXTRA.findall(p.read_text(encoding="utf-8")) if not set(names.split(",")) <= extras]
     assert not unknown, "extras pyproject.toml does not have:\n" + "\n".join(unknown)
+
+
+def test_the_configuration_reference_is_the_dataclasses():
+    """docs/configuration.md is what scripts/config_reference.py writes from the dataclasses'
+    docstrings: a setting added, renamed or described anew without the page fails here."""
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "config_reference.py")],
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = (PROJECT_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert proc.stdout == page, "run: python scripts/config_reference.py > docs/configuration.md"
+    for schema in (TranslateConfig, EvaluateConfig, PrepareConfig, ExportConfig, MasksConfig):  # mt-train: the groups
+        assert f"({schema.__name__})" in page
+    assert "| `trainer.max_hours` |" in page and "| `decode.beam_size` |" in page
