@@ -167,7 +167,7 @@ def cpu_bf16_support() -> tuple[bool, str]:
 
     Native: AMX or AVX512-BF16 on x86 (Intel Sapphire Rapids and later, AMD Zen 4 and
     later), the BF16 extension on Arm. Without them torch's CPU autocast emulates bf16,
-    which is not faster than fp32 but far slower (docs/training.md, "Mixed precision").
+    which is not faster than fp32 but far slower (docs/precision.md, "Mixed precision").
     `MT_CPU_BF16=0` in the environment answers "not native" on any CPU, so that `auto`
     means fp32 everywhere (reproducible runs across CPU kinds; the test suite sets it).
     """
@@ -205,7 +205,7 @@ def describe_cpu() -> str:
     return f"{_cpu_model_name()}, {features} ({'native' if native else 'no native'} bf16)"
 
 
-# The message's figures and their machine: docs/training.md, "Mixed precision".
+# The message's figures and their machine: docs/results/training-precision.md, "Emulated bf16".
 _EMULATED_BF16_COST = "about 30x slower than fp32 (65 s against 2.0 s per update of the " \
                       "tatoeba_cpu recipe on an AVX2-only AMD EPYC)"
 

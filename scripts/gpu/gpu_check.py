@@ -1,7 +1,7 @@
 """The GPU path in one command: the device, the CUDA tests, training speed against
 `nn.Transformer`, a short real run, `torchrun` (NCCL) with resume, and decoding, every
 figure into one JSON file. Run it through scripts/gpu_check.sh, which prepares the
-environment (docs/training.md, "Checking a GPU"):
+environment (docs/gpu.md, "Checking a GPU"):
 
     scripts/gpu_check.sh --pack            # here, before a GPU is at hand: fills .gpu/
     scripts/gpu_check.sh                   # on the GPU machine: $OUT/gpu_check.json and .log

@@ -380,7 +380,7 @@ def test_export_config_names_its_keys():
 
 def test_without_ctranslate2_the_commands_say_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails
-    with pytest.raises(ConfigError, match=r"mt-export needs ctranslate2.*pip install -e \"\.\[ct2\]\""):
+    with pytest.raises(ConfigError, match=r"mt-export needs ctranslate2.*pip install -e \"\.\[export\]\""):
         export(ExportConfig(checkpoint="ckpt", output=str(tmp_path / "out")))
     (tmp_path / "export.json").write_text("{}")
     with pytest.raises(ConfigError, match="an exported model needs ctranslate2"):

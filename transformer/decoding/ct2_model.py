@@ -94,7 +94,7 @@ def require_ctranslate2(what: str):
         import ctranslate2
     except ImportError:
         raise ConfigError(f"{what} needs ctranslate2, an optional dependency: "
-                          "pip install -e \".[ct2]\"") from None
+                          "pip install -e \".[export]\"") from None
     return ctranslate2
 
 

@@ -125,7 +125,7 @@ class Translator:
         Raises:
             CheckpointError: not a checkpoint, a run or an export, or a broken one (path named).
             ConfigError: a bad device, thread count or setting (keyword named), or an
-                export without ctranslate2 (`pip install -e ".[ct2]"`).
+                export without ctranslate2 (`pip install -e ".[export]"`).
         """
         with as_arguments():
             model, tokenizer, where, torch_device, decode, rounded = _open(path, str(device), precision, threads, settings, dtype)
