@@ -123,7 +123,7 @@ BAD_DECODE_SETTINGS = [
     (dict(beam_size=0), "decode.beam_size=0: must be >= 1"),
     (dict(min_len=-1), "decode.min_len=-1: must be >= 0"),
     (dict(lenpen=-0.5), "decode.lenpen=-0.5: must be >= 0"),
-    (dict(method="sampling"), "decode.method='sampling': choose greedy or beam"),
+    (dict(method="sampling"), "decode.method='sampling': choose greedy, beam or sample"),
     (dict(precision="int8"), "decode.precision='int8': choose one of auto, fp32, bf16, fp16"),
     (dict(compile="fast"), "decode.compile='fast': choose one of none, default, reduce-overhead, max-autotune"),
     (dict(sync_every=0), "decode.sync_every=0: must be >= 1"),

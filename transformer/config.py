@@ -415,7 +415,8 @@ class DecodeConfig:
     """Search settings for translate, evaluate and validation."""
 
     method: str = "beam"
-    """The search: greedy | beam."""
+    """The search: greedy | beam | sample (each token drawn from the model's distribution,
+    shaped by the sampling_* settings and seeded by seed)."""
     beam_size: int = 5
     """Hypotheses kept at each step (method=beam only)."""
     lenpen: float = 0.6
@@ -453,6 +454,17 @@ class DecodeConfig:
     buckets: bool | None = None
     """Finished rows leave in powers of two (few shapes for a compiled step); null: on
     where the step is compiled on a GPU."""
+    sampling_topk: int = 0
+    """method=sample: draw from the k most probable tokens only; 0: no limit; 1: greedy."""
+    sampling_topp: float = 1.0
+    """method=sample: draw from the most probable tokens whose probabilities first reach
+    this total (nucleus sampling), in (0, 1]; 1: no limit."""
+    sampling_temperature: float = 1.0
+    """method=sample: draw the kept tokens with probability softmax(log p / T); below 1
+    sharper, above 1 flatter."""
+    seed: int = 0
+    """method=sample: the draws' seed; a sentence's translation depends on it and on its
+    place in the input (line, sentence), not on the batch it is decoded in."""
     max_tokens: int | None = None
     """The old name of batch_tokens, still accepted: moved there with a warning."""
 
@@ -470,15 +482,16 @@ class DecodeConfig:
         self.batch_tokens, self.max_tokens = self.max_tokens, None
 
     def validate(self, prefix: str = "decode") -> None:
-        require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
-                "choose greedy or beam")
+        require(self.method in ("greedy", "beam", "sample"), f"{prefix}.method", self.method,
+                "choose greedy, beam or sample")
         positive(f"{prefix}.beam_size", self.beam_size)
         _at_most(f"{prefix}.beam_size", self.beam_size, MAX_BEAM_SIZE)
         positive(f"{prefix}.lenpen", self.lenpen, minimum=0)
         positive(f"{prefix}.nbest", self.nbest)
-        if self.method == "greedy":
+        if self.method != "beam":
             require(self.nbest == 1, f"{prefix}.nbest", self.nbest,
-                    "greedy search gives one hypothesis: use decode=beam for an n-best list")
+                    f"{'greedy search' if self.method == 'greedy' else 'sampling'} gives one "
+                    "hypothesis: use decode=beam for an n-best list")
         else:
             require(self.nbest <= self.beam_size, f"{prefix}.nbest", self.nbest,
                     f"cannot exceed {prefix}.beam_size={self.beam_size}")
@@ -500,6 +513,12 @@ class DecodeConfig:
                 f"choose one of {', '.join(PRECISIONS)}")
         require(self.compile in COMPILE_MODES, f"{prefix}.compile", self.compile,
                 f"choose one of {', '.join(COMPILE_MODES)}")
+        positive(f"{prefix}.sampling_topk", self.sampling_topk, minimum=0)
+        require(0 < self.sampling_topp <= 1, f"{prefix}.sampling_topp", self.sampling_topp,
+                "must be in (0, 1]")
+        require(self.sampling_temperature > 0, f"{prefix}.sampling_temperature",
+                self.sampling_temperature, "must be > 0")
+        positive(f"{prefix}.seed", self.seed, minimum=0)
         positive(f"{prefix}.sync_every", self.sync_every, optional=True)
         if self.sync_every is not None:
             _at_most(f"{prefix}.sync_every", self.sync_every, MAX_SYNC_EVERY)

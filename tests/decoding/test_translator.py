@@ -197,7 +197,7 @@ def test_a_bad_setting_is_mt_translates_config_error_naming_the_keyword(checkpoi
     refused = {
         "nbest": (dict(nbest=4, beam_size=3), r"^nbest=4: cannot exceed beam_size=3$"),
         "greedy": (dict(nbest=2, method="greedy"), r"^nbest=2: .* use method='beam' for an n-best"),
-        "method": (dict(method="beamm"), r"^method='beamm': choose greedy or beam$"),
+        "method": (dict(method="beamm"), r"^method='beamm': choose greedy, beam or sample$"),
         "type": (dict(max_len_b="six"), r"^max_len_b: Value 'six' .* could not be converted"),
         "finite": (dict(lenpen=float("nan")), r"^lenpen=nan: must be a finite number$"),
         "unknown": (dict(beam=3), r"^beam: not a decode setting; the settings are method, "),

@@ -21,6 +21,15 @@ How a DecodeConfig becomes `Translator.translate_batch` arguments:
   forced EOS whose log-probability counts in its score; CTranslate2 stops it without one,
   so we add that log-probability (`score_batch`, on those of them that can still rank
   among the n-best).
+- method=sample: beam_size=1 and decode.sampling_topk, sampling_topp and
+  sampling_temperature as CTranslate2's options of the same names (our sampling_topk=0,
+  the whole vocabulary, is CTranslate2's 0 too); decode.seed -> `ctranslate2.set_random_seed`
+  before each batch's calls. CTranslate2 draws from its own generator: the same seed
+  gives the same translations with one worker (`threads=1`), but not the draws
+  `sampling.py` makes for our model, and with several workers which worker (and
+  generator) takes which sub-batch can change from run to run. A sampled hypothesis is
+  scored again by teacher forcing (as with a prefix), so that its score is the model's
+  log-probability of its tokens, as for our model.
 - decode.min_len -> min_decoding_length (EOS forbidden before min_len tokens).
 - decode.lenpen: CTranslate2 divides by |y| ** alpha (|y| without EOS), search.py by
   GNMT's ((5 + |y|) / 6) ** alpha (|y| with EOS). Neither search looks at the penalty
@@ -218,6 +227,8 @@ class CT2Model:
                              f"max_positions={self.cfg.max_positions}")
         limits = max_lengths(self, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len).tolist()
         src = src_ids.tolist()
+        if cfg.method == "sample":  # CTranslate2's generators, process-wide
+            require_ctranslate2("an exported model").set_random_seed(cfg.seed)
         results: list[list[Hypothesis]] = [[] for _ in src]
         groups = []  # one max_decoding_length per call; all calls submitted before any is awaited
         for limit in sorted(set(limits)):
@@ -226,7 +237,7 @@ class CT2Model:
             groups.append((rows, limit, self._submit([src[i] for i in rows], limit, cfg, prefix)))
         for rows, limit, pending in groups:
             found = [p.result() for p in pending]
-            exact = prefixes is not None or cfg.no_repeat_ngram_size > 0
+            exact = prefixes is not None or cfg.no_repeat_ngram_size > 0 or cfg.method == "sample"
             for i, hyps in zip(rows, self._nbest([src[i] for i in rows], found, limit, cfg, exact),
                                strict=True):
                 results[i] = hyps
@@ -238,8 +249,11 @@ class CT2Model:
         sub-batches the workers share)."""
         k, lp = _width_and_lenpen(cfg)
         target_prefix = None if prefix is None else [self._pieces(p) if p else None for p in prefix]
+        sampling = {} if cfg.method != "sample" else {
+            "sampling_topk": cfg.sampling_topk, "sampling_topp": cfg.sampling_topp,
+            "sampling_temperature": cfg.sampling_temperature}
         return self.translator.translate_batch(
-            [self._pieces(s) for s in src], target_prefix, beam_size=k,
+            [self._pieces(s) for s in src], target_prefix, beam_size=k, **sampling,
             no_repeat_ngram_size=cfg.no_repeat_ngram_size, num_hypotheses=k, length_penalty=lp,
             max_decoding_length=limit, min_decoding_length=cfg.min_len,
             max_input_length=self.cfg.max_positions, return_scores=True,
