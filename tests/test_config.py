@@ -80,8 +80,13 @@ def test_a_mix_names_known_corpora_with_positive_weights():
     DataConfig(name="mix", corpora={"tatoeba": 1.0, "europarl": 2.0}).validate()
     with pytest.raises(ConfigError, match=r"data.corpora=\{\}: name=mix needs corpora"):
         DataConfig(name="mix").validate()
-    with pytest.raises(ConfigError, match=r"data.corpora='files': can mix the named corpora"):
-        DataConfig(name="mix", corpora={"files": 1.0}).validate()
+    with pytest.raises(ConfigError, match=r"data.corpora='flores': can mix the corpora tatoeba, "):
+        DataConfig(name="mix", corpora={"flores": 1.0}).validate()
+    DataConfig(name="mix", corpora={"sample": 1.0, "files": 1.0}, train_src="bt.tsv").validate()
+    with pytest.raises(ConfigError, match=r"^data.train_src=None: a mix with files needs its training pairs"):
+        DataConfig(name="mix", corpora={"sample": 1.0, "files": 1.0}).validate()
+    with pytest.raises(ConfigError, match=r"^data.tgt_lang='it': must differ from data.src_lang$"):
+        DataConfig(src_lang="it", tgt_lang="it").validate()
     with pytest.raises(ConfigError, match=r"data.corpora.europarl=0.0: a weight must be > 0"):
         DataConfig(name="mix", corpora={"tatoeba": 1.0, "europarl": 0.0}).validate()
 

@@ -167,7 +167,8 @@ class DataConfig:
     """The corpus: tatoeba | europarl | iwslt2017 | opus100 | files (your own) | sample | mix."""
     corpora: dict[str, float] = field(default_factory=dict)
     """name=mix: the corpora trained on together, each with its weight, the share of
-    training pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}."""
+    training pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1};
+    `files` is the pairs of train_src (and dev_src), e.g. back-translations."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """name=mix: the first epochs' own weights, in order, e.g. a Tatoeba-first phase
     [{epochs: 2, corpora: {tatoeba: 1}}]; `corpora` hold after the last."""
@@ -177,7 +178,8 @@ class DataConfig:
     root: str = "../shared/data"
     """Where the named corpora lie (relative: to the project root); test sets in {root}/eval."""
     src_lang: str = "it"
-    """Source language code (the side translated from)."""
+    """Source language code (the side translated from): a named corpus's files end in it
+    (train.it), as do the test sets'; src_lang=en tgt_lang=it trains English→Italian."""
     tgt_lang: str = "en"
     """Target language code (the side translated to)."""
     train_src: str | None = None
@@ -238,17 +240,20 @@ class DataConfig:
         if self.name == "mix":
             require(bool(self.corpora), f"{prefix}.corpora", self.corpora,
                     "name=mix needs corpora to mix, e.g. {tatoeba: 1, europarl: 1}")
-            mixable = tuple(c for c in CORPORA if c != "files")
             for corpus, weight in self.corpora.items():
-                require(corpus in mixable, f"{prefix}.corpora", corpus,
-                        f"can mix the named corpora {', '.join(mixable)}")
+                require(corpus in CORPORA, f"{prefix}.corpora", corpus,
+                        f"can mix the corpora {', '.join(CORPORA)}")
                 require(weight > 0, f"{prefix}.corpora.{corpus}", weight, "a weight must be > 0")
+            require("files" not in self.corpora or bool(self.train_src), f"{prefix}.train_src",
+                    self.train_src, "a mix with files needs its training pairs (train_src)")
             self._validate_phases(prefix)
         else:
             mix_only = {"corpora": dict(self.corpora), "phases": [asdict(p) for p in self.phases],
                         "epoch_pairs": self.epoch_pairs}
             for name, value in mix_only.items():
                 require(value in (None, {}, []), f"{prefix}.{name}", value, f"only for {prefix}.name=mix")
+        require(self.src_lang != self.tgt_lang, f"{prefix}.tgt_lang", self.tgt_lang,
+                f"must differ from {prefix}.src_lang")
         positive(f"{prefix}.max_len", self.max_len)
         _at_most(f"{prefix}.max_len", self.max_len, MAX_POSITIONS)
         positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
