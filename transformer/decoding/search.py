@@ -1,4 +1,5 @@
-"""Batched greedy and beam search on the model's incremental decoding cache.
+"""Batched greedy and beam search on the model's incremental decoding cache (and sampling,
+greedy search's loop with each token drawn: `sampling.py`).
 
 Shapes: B batch (sentences), S source length, K beam size, A live sentences, W beams per
 live sentence (1 at the first step, then K), R = A*W rows, V vocabulary.
