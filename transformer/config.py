@@ -463,7 +463,8 @@ class DecodeConfig:
     """method=sample: draw from the k most probable tokens only; 0: no limit; 1: greedy."""
     sampling_topp: float = 1.0
     """method=sample: draw from the most probable tokens whose probabilities first reach
-    this total (nucleus sampling), in (0, 1]; 1: no limit."""
+    this total (nucleus sampling), in (0, 1]; 1: no limit. Without sampling_topk each step
+    sorts the whole vocabulary (slow on a CPU); with it, only the k best."""
     sampling_temperature: float = 1.0
     """method=sample: draw the kept tokens with probability softmax(log p / T); below 1
     sharper, above 1 flatter."""

@@ -12,6 +12,8 @@ step's log-probabilities (forbidden tokens already at -inf):
 - `sampling_temperature` T: the kept tokens are drawn with probability softmax(logp / T).
 The kept set is a prefix of the tokens sorted by probability, whichever rule cuts it,
 so the two truncations commute; temperature is applied last, as CTranslate2 does.
+Top-p alone sorts the whole vocabulary at every step, which costs on a CPU many times
+the rest of the draw; with a top-k as well only the k best are sorted (`topk`).
 A sampled hypothesis scores what a greedy one does: the model's log-probabilities of
 its tokens (neither truncated nor tempered), length-normalised.
 
