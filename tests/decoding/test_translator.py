@@ -46,6 +46,8 @@ SETTINGS = {
              dict(beam_size=3, max_len_a=0, max_len_b=5)),
     "unsplit": (["decode=greedy", "decode.max_len_b=6", "decode.split_sentences=false"],
                 dict(method="greedy", max_len_b=6, split_sentences=False)),
+    "sample": (["decode=sample", "decode.seed=4", "decode.sampling_topp=0.9", "decode.max_len_b=6"],
+               dict(method="sample", seed=4, sampling_topp=0.9, max_len_b=6)),
 }
 
 
@@ -197,9 +199,10 @@ def test_a_bad_setting_is_mt_translates_config_error_naming_the_keyword(checkpoi
     refused = {
         "nbest": (dict(nbest=4, beam_size=3), r"^nbest=4: cannot exceed beam_size=3$"),
         "greedy": (dict(nbest=2, method="greedy"), r"^nbest=2: .* use method='beam' for an n-best"),
-        "method": (dict(method="beamm"), r"^method='beamm': choose greedy or beam$"),
+        "method": (dict(method="beamm"), r"^method='beamm': choose greedy, beam or sample$"),
         "type": (dict(max_len_b="six"), r"^max_len_b: Value 'six' .* could not be converted"),
         "finite": (dict(lenpen=float("nan")), r"^lenpen=nan: must be a finite number$"),
+        "topp": (dict(method="sample", sampling_topp=0), r"^sampling_topp=0.0: must be in \(0, 1\]$"),
         "unknown": (dict(beam=3), r"^beam: not a decode setting; the settings are method, "),
         "precision": (dict(precision="fp16"), r"^precision='fp16' needs CUDA .* use precision='auto'"),
     }
@@ -599,9 +602,9 @@ def test_max_batch_size_caps_the_sentences_of_a_batch_and_changes_no_result(word
     rows = []
     real = search_module.search
 
-    def spy(model, src_ids, cfg, prefixes=None):
+    def spy(model, src_ids, cfg, prefixes=None, keys=None):
         rows.append(src_ids.size(0))
-        return real(model, src_ids, cfg, prefixes)
+        return real(model, src_ids, cfg, prefixes, keys)
 
     monkeypatch.setattr(text_module, "search", spy)
     translator = Translator.load(words, beam_size=3, **SHORT)

@@ -6,6 +6,7 @@
     translator.translate(["Ciao, come stai?", "Che ore sono?"])         # ["Hi, how are you?", ...]
     translator.translate(lines, method="greedy", max_len_b=20)          # any decode.* setting
     translator.translate(lines, nbest=3, return_scores=True)            # [[Translation(text, score), ...], ...]
+    translator.translate(lines, method="sample", sampling_topk=10, seed=1)  # drawn, the same for a seed
     for text in translator.translate_iterable(open("news.it")):         # lazily, a batch at a time
         print(text)
     translator.score(["Ciao!"], ["Hi!"])                                # the model's score of a translation
