@@ -13,6 +13,7 @@ setting is refused, naming its key, before any work starts.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import re
@@ -155,6 +156,49 @@ class PhaseConfig:
     """The weights its epochs draw with, e.g. {tatoeba: 1}."""
 
 
+DEDUP_MODES = ("pairs", "target")  # data.filters.dedup
+
+
+@dataclass
+class FilterConfig:
+    """Filters of the training pairs, applied at preparation after cleaning, in the order
+    below (a pair is counted under the first that drops it); dev and test sets are never
+    filtered. All off by default."""
+
+    char_ratio: float | None = None
+    """Drop pairs whose longer side has more than this many times the characters of the
+    shorter, e.g. 3; null: off."""
+    numbers: bool = False
+    """Drop pairs whose numbers differ: the two sides' sets of digit runs (so 1.000 and
+    1,000 agree) differ by more numbers than they share (OpusCleaner's num_mismatch)."""
+    script: float | None = None
+    """Drop pairs with more than this share of their letters outside the Latin script on
+    either side, e.g. 0.1; null: off."""
+    langid: float | None = None
+    """Language identification (py3langid: pip install 'transformer-mt[filters]'): drop
+    a pair when the probability that a side is in its language (src_lang, tgt_lang) is
+    below this, e.g. 0.01 (short sentences score low: see docs/data.md); null: off."""
+    dedup: str | None = None
+    """Duplicates: `pairs` drops a pair identical to an earlier one, `target` a pair whose
+    target an earlier pair has (its source a paraphrase); null: off."""
+
+    def validate(self, prefix: str = "data.filters") -> None:
+        if self.char_ratio is not None:
+            require(self.char_ratio >= 1, f"{prefix}.char_ratio", self.char_ratio, "must be >= 1 (or null)")
+        if self.script is not None:
+            _fraction(f"{prefix}.script", self.script)
+        if self.langid is not None:
+            _fraction(f"{prefix}.langid", self.langid)
+            require(importlib.util.find_spec("py3langid") is not None, f"{prefix}.langid", self.langid,
+                    "needs py3langid: pip install 'transformer-mt[filters]'")
+        require(self.dedup in (None, *DEDUP_MODES), f"{prefix}.dedup", self.dedup,
+                f"choose {' or '.join(DEDUP_MODES)} (or null)")
+
+    def active(self) -> bool:
+        """Whether any filter is on."""
+        return any(v is not None and v is not False for v in asdict(self).values())  # script=0 is on
+
+
 @dataclass
 class DataConfig:
     """Which corpus, how it is cleaned, tokenized and batched.
@@ -205,6 +249,9 @@ class DataConfig:
     """Training pairs whose token-length ratio exceeds this are dropped."""
     max_train_pairs: int | None = None
     """Keep only the first N training pairs (debugging); null: all."""
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    """Filters of the training pairs (language, duplicates, numbers, scripts, length
+    ratio), all off by default: see data.filters.*."""
     tokenizer: str | None = None
     """An existing SentencePiece model (a .model file, or a checkpoint directory's
     tokenizer.model) to encode with instead of training one (the spm_* settings are then
@@ -258,6 +305,7 @@ class DataConfig:
         _at_most(f"{prefix}.max_len", self.max_len, MAX_POSITIONS)
         positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
         positive(f"{prefix}.max_train_pairs", self.max_train_pairs, optional=True)
+        self.filters.validate(f"{prefix}.filters")
         positive(f"{prefix}.spm_vocab_size", self.spm_vocab_size, minimum=5)  # 4 special pieces + 1
         require(self.spm_model_type in ("unigram", "bpe"), f"{prefix}.spm_model_type",
                 self.spm_model_type, "choose unigram or bpe")

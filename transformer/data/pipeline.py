@@ -1,7 +1,7 @@
 """The data pipeline's entry points: `prepare_data` for training, `load_test_set` for evaluation.
 
-prepare_data streams: read -> clean (NFC, whitespace, empty pairs) into Arrow files on
-disk (`clean_split.py`) -> joint SentencePiece vocabulary -> encode and length-filter (train
+prepare_data streams: read -> clean (NFC, whitespace, empty pairs) and filter (training
+pairs, `data.filters`: `filters.py`) into Arrow files on disk (`clean_split.py`) -> joint SentencePiece vocabulary -> encode and length-filter (train
 only) chunk by chunk into the cache (`encode_split.py`), with `data.num_proc` worker
 processes (`workers.py`). A mix of corpora (`data.name=mix`) goes through the same steps
 per corpus, with one vocabulary trained on a sample balanced by the corpora's weights.
@@ -42,6 +42,7 @@ from transformer.data.batching import batching_statistics, token_lengths
 from transformer.data.clean_split import CleanSplit, clean_corpus
 from transformer.data.corpus import DataError
 from transformer.data.encode_split import ARROW, LengthFilter, SplitWriter
+from transformer.data.filters import check_filters
 from transformer.data.mixture import mix_sample
 from transformer.data.prepared_cache import PreparedData, open_prepared, write_meta
 from transformer.data.tokenizer import TOKENIZER_RECIPE, Tokenizer, load_or_train_tokenizer
@@ -83,6 +84,7 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     """
     timer = _Timer()
     check_cache_dir(cfg)
+    check_filters(cfg)
     source = _source_key(cfg)  # None for the remote hub, whose files cannot be stat'ed
     with timer("load cached"):
         known = _read_source_note(cfg, source) if source else None
@@ -189,7 +191,7 @@ def _count_raw(cfg: DataConfig, corpora: dict[str, dict[str, CleanSplit]], stats
         for split, clean in splits.items():
             label = f"{split}{_prefix(cfg, name)}"
             stats.setdefault("raw_pairs", {})[label] = clean.raw
-            stats.setdefault("dropped", {}).setdefault(label, {}).update(empty=clean.empty)
+            stats.setdefault("dropped", {}).setdefault(label, {}).update(empty=clean.empty, **clean.filtered)
 
 
 def given_tokenizer(path: str) -> Tokenizer:
@@ -293,6 +295,8 @@ _LOCATION_FIELDS = (
 def _settings(cfg: DataConfig, location: bool = True) -> str:
     fields = _KEY_FIELDS if location else tuple(f for f in _KEY_FIELDS if f not in _LOCATION_FIELDS)
     settings = {k: v for k, v in asdict(cfg).items() if k in fields}
+    if cfg.filters.active():  # off: the keys of the data prepared before filters existed
+        settings["filters"] = asdict(cfg.filters)
     if cfg.tokenizer:  # a given vocabulary: its content counts, not the spm_* settings
         settings = {k: v for k, v in settings.items() if not k.startswith("spm_")}
         settings["tokenizer"] = given_tokenizer(cfg.tokenizer).digest
