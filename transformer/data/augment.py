@@ -1,0 +1,171 @@
+"""Training pairs changed on the fly as people type them (`data.augment`), batch by batch.
+
+The prepared cache holds each pair's ids and its text. For a training batch (the rows the
+sampler planned), `Augmenter.pieces` draws which pairs get which change (`perturb.py`:
+upper case, title case, no final punctuation, typos in the source, two pairs merged),
+re-encodes only those pairs' text with the run's SentencePiece model, and collates the
+batch. It runs in the trainer's prefetch thread, off the training loop; dev and test sets
+never pass through it.
+
+Every draw is a function of (trainer.seed, epoch, row), hashed (`_uniform`): a resumed run
+changes the pairs of a batch exactly as an unresumed one does, whatever thread or process
+collates it. A changed pair is longer in tokens (an upper-cased line about twice as long),
+so two bounds hold:
+
+- a changed pair longer than data.max_len tokens on a side (the bound preparation keeps
+  every pair within) is trained on unchanged;
+- a batch whose changed pairs take it past data.max_tokens padded tokens is cut into
+  pieces of at most data.max_tokens each (its pairs sorted by length, cut as the sampler
+  cuts: `batching.cut_sorted`), which the trainer runs as accumulated micro-batches of
+  one update: every pair is trained on, and no forward pass holds more than the budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pyarrow as pa
+
+from transformer.config import AugmentConfig
+from transformer.data import perturb
+from transformer.data.batching import (
+    SRC_EXTRA,
+    TGT_EXTRA,
+    Batch,
+    TokenIds,
+    collate_flat,
+    cut_sorted,
+)
+
+# One stream of draws per change (and the typos' seed, the merge's partner): the hash's last key
+_CHANGES = tuple(f.name for f in fields(AugmentConfig))
+_TYPO_SEED, _PARTNER = len(_CHANGES), len(_CHANGES) + 1
+_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: uint64 -> uint64, every bit of the input spread over the output."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (x ^ (x >> np.uint64(31))) & _MASK
+
+
+def _hash(seed: int, epoch: int, rows: np.ndarray, stream: int) -> np.ndarray:
+    """A uint64 per row, a function of (seed, epoch, row, stream) alone."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        key = _mix(key ^ np.uint64(epoch & 0xFFFFFFFFFFFFFFFF))
+        key = _mix(key ^ np.uint64(stream))
+        return _mix(key ^ rows.astype(np.uint64))
+
+
+def _uniform(seed: int, epoch: int, rows: np.ndarray, stream: int) -> np.ndarray:
+    """A float in [0, 1) per row (53 bits of its hash)."""
+    return (_hash(seed, epoch, rows, stream) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+@dataclass
+class Drawn:
+    """What one batch's pairs get: a bool per change and pair (by position in the batch),
+    each pair's typo seed, and the position of the pair a merged one is joined with."""
+
+    changes: dict[str, np.ndarray]  # change -> (B,) bool
+    typo_seeds: np.ndarray  # (B,) uint64
+    partners: np.ndarray  # (B,) int64: another position of the batch
+
+    @property
+    def any(self) -> np.ndarray:
+        """(B,) bool: the pairs that get a change."""
+        return np.logical_or.reduce(list(self.changes.values()))
+
+
+def draw(cfg: AugmentConfig, seed: int, epoch: int, rows: np.ndarray) -> Drawn:
+    """The changes the pairs `rows` (one batch, in order) get in `epoch`."""
+    n = len(rows)
+    changes = {name: _uniform(seed, epoch, rows, k) < getattr(cfg, name) for k, name in enumerate(_CHANGES)}
+    changes["merge"] &= n > 1  # a batch of one pair has no other to join
+    changes["title"] &= ~changes["upper"]
+    step = 1 + (_hash(seed, epoch, rows, _PARTNER) % np.uint64(max(1, n - 1))).astype(np.int64)
+    return Drawn(changes, _hash(seed, epoch, rows, _TYPO_SEED), (np.arange(n) + step) % max(1, n))
+
+
+def changed_pair(drawn: Drawn, i: int, src: list[str], tgt: list[str]) -> tuple[str, str]:
+    """Pair i of a batch with the changes drawn for it, in order: merged, final punctuation
+    dropped, typos in the source, then cased (so that typos are cased too)."""
+    pair = (src[i], tgt[i])
+    has = {name: bool(mask[i]) for name, mask in drawn.changes.items()}
+    if has["merge"]:
+        j = drawn.partners[i]
+        pair = perturb.merge(pair, (src[j], tgt[j]))
+    if has["nopunct"]:
+        pair = (perturb.nopunct(pair[0]), perturb.nopunct(pair[1]))
+    if has["typos"]:
+        pair = (perturb.typos(pair[0], int(drawn.typo_seeds[i])), pair[1])
+    for case in ("upper", "title"):
+        if has[case]:
+            pair = (perturb.source(case, pair[0]), perturb.reference(case, pair[1]))
+    return pair
+
+
+class Augmenter:
+    """Changes and collates training batches (`pieces`) for one run.
+
+    Args:
+        cfg: data.augment.
+        seed: trainer.seed.
+        train: the prepared training split (its `src` and `tgt` text columns are read,
+            memory-mapped).
+        tokenizer: the run's SentencePiece model, which encoded the cache.
+        max_len, max_tokens: data.max_len and data.max_tokens (the bounds above).
+        pad_to_multiple: the padding the batches get (as the sampler counts it).
+    """
+
+    def __init__(self, cfg: AugmentConfig, seed: int, train, tokenizer, max_len: int, max_tokens: int,
+                 pad_to_multiple: int = 1) -> None:
+        table = train.with_format("arrow")[:]  # honours any select()/shuffle() indices; memory-mapped
+        self.texts = (table.column("src"), table.column("tgt"))
+        self.cfg, self.seed, self.tokenizer = cfg, seed, tokenizer
+        self.max_len, self.max_tokens, self.pad_to = max_len, max_tokens, pad_to_multiple
+
+    def pieces(self, ids: TokenIds, rows: np.ndarray, epoch: int, vocab_size: int | None = None) -> list[Batch]:
+        """Batch `rows` of `epoch` with its drawn changes, as one Batch, or several when the
+        changed pairs outgrow data.max_tokens (each within it, every pair in one of them)."""
+        tok = self.tokenizer
+        drawn = draw(self.cfg, self.seed, epoch, rows)
+        changed = np.flatnonzero(drawn.any)
+        if not len(changed):
+            return [ids.collate_rows(rows, tok.pad_id, tok.bos_id, tok.eos_id, self.pad_to, vocab_size)]
+        sides = [_split(*ids.take(rows, side)) for side in (0, 1)]
+        needed = np.union1d(changed, drawn.partners[changed[drawn.changes["merge"][changed]]])
+        texts = [dict(zip(needed.tolist(), col.take(pa.array(rows[needed])).to_pylist(), strict=True))
+                 for col in self.texts]
+        pairs = [changed_pair(drawn, int(i), *texts) for i in changed]
+        encoded = [tok.encode([p[side] for p in pairs]) for side in (0, 1)]
+        for k, i in enumerate(changed):
+            if max(len(encoded[0][k]), len(encoded[1][k])) <= self.max_len:  # else: trained on unchanged
+                sides[0][i], sides[1][i] = (np.asarray(encoded[side][k], dtype=np.int64) for side in (0, 1))
+        return self._cut(sides, vocab_size)
+
+    def _cut(self, sides: list[list[np.ndarray]], vocab_size: int | None) -> list[Batch]:
+        """The batch's pairs (per side, one id array each) sorted by padded length and cut
+        into batches of at most max_tokens padded tokens."""
+        tok, m = self.tokenizer, self.pad_to
+        lens = [np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in sides]
+        sizes = -(-np.maximum(lens[0] + SRC_EXTRA, lens[1] + TGT_EXTRA) // m) * m
+        order = np.argsort(sizes, kind="stable")
+        bounds = cut_sorted(sizes[order], self.max_tokens)
+        out = []
+        for lo, hi in itertools.pairwise(bounds):
+            part = order[lo:hi]
+            src, tgt = ((np.concatenate([side[i] for i in part]), lens[s][part]) for s, side in enumerate(sides))
+            out.append(collate_flat(src, tgt, tok.pad_id, tok.bos_id, tok.eos_id, m, vocab_size))
+        return out
+
+
+def _split(flat: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+    """(flat ids, lengths) -> one array per row."""
+    return np.split(flat, np.cumsum(lens)[:-1])
+
