@@ -26,7 +26,6 @@ import itertools
 from dataclasses import dataclass, fields
 
 import numpy as np
-import pyarrow as pa
 
 from transformer.config import AugmentConfig
 from transformer.data import perturb
@@ -125,8 +124,7 @@ class Augmenter:
 
     def __init__(self, cfg: AugmentConfig, seed: int, train, tokenizer, max_len: int, max_tokens: int,
                  pad_to_multiple: int = 1) -> None:
-        table = train.with_format("arrow")[:]  # honours any select()/shuffle() indices; memory-mapped
-        self.texts = (table.column("src"), table.column("tgt"))
+        self.texts = tuple(Texts(train, side) for side in ("src", "tgt"))
         self.cfg, self.seed, self.tokenizer = cfg, seed, tokenizer
         self.max_len, self.max_tokens, self.pad_to = max_len, max_tokens, pad_to_multiple
 
@@ -138,34 +136,62 @@ class Augmenter:
         changed = np.flatnonzero(drawn.any)
         if not len(changed):
             return [ids.collate_rows(rows, tok.pad_id, tok.bos_id, tok.eos_id, self.pad_to, vocab_size)]
-        sides = [_split(*ids.take(rows, side)) for side in (0, 1)]
         needed = np.union1d(changed, drawn.partners[changed[drawn.changes["merge"][changed]]])
-        texts = [dict(zip(needed.tolist(), col.take(pa.array(rows[needed])).to_pylist(), strict=True))
-                 for col in self.texts]
+        texts = [dict(zip(needed.tolist(), side.lines(rows[needed]), strict=True)) for side in self.texts]
         pairs = [changed_pair(drawn, int(i), *texts) for i in changed]
-        encoded = [tok.encode([p[side] for p in pairs]) for side in (0, 1)]
-        for k, i in enumerate(changed):
-            if max(len(encoded[0][k]), len(encoded[1][k])) <= self.max_len:  # else: trained on unchanged
-                sides[0][i], sides[1][i] = (np.asarray(encoded[side][k], dtype=np.int64) for side in (0, 1))
+        # a line at a time: SentencePiece's call for a list costs more than a few dozen lines' encoding
+        encoded = [[tok.encode_line(p[side]) for p in pairs] for side in (0, 1)]
+        kept = [k for k in range(len(changed)) if max(len(encoded[0][k]), len(encoded[1][k])) <= self.max_len]
+        at = changed[kept]  # changed pairs past data.max_len are trained on unchanged
+        sides = [_replaced(*ids.take(rows, side), at, [encoded[side][k] for k in kept]) for side in (0, 1)]
         return self._cut(sides, vocab_size)
 
-    def _cut(self, sides: list[list[np.ndarray]], vocab_size: int | None) -> list[Batch]:
-        """The batch's pairs (per side, one id array each) sorted by padded length and cut
+    def _cut(self, sides: list[tuple[np.ndarray, np.ndarray]], vocab_size: int | None) -> list[Batch]:
+        """The batch's pairs (per side: flat ids, lengths) sorted by padded length and cut
         into batches of at most max_tokens padded tokens."""
         tok, m = self.tokenizer, self.pad_to
-        lens = [np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in sides]
+        lens = [side[1] for side in sides]
         sizes = -(-np.maximum(lens[0] + SRC_EXTRA, lens[1] + TGT_EXTRA) // m) * m
         order = np.argsort(sizes, kind="stable")
         bounds = cut_sorted(sizes[order], self.max_tokens)
-        out = []
-        for lo, hi in itertools.pairwise(bounds):
-            part = order[lo:hi]
-            src, tgt = ((np.concatenate([side[i] for i in part]), lens[s][part]) for s, side in enumerate(sides))
-            out.append(collate_flat(src, tgt, tok.pad_id, tok.bos_id, tok.eos_id, m, vocab_size))
-        return out
+        return [collate_flat(*(_gather(*side, order[lo:hi]) for side in sides), tok.pad_id, tok.bos_id, tok.eos_id,
+                             m, vocab_size) for lo, hi in itertools.pairwise(bounds)]
 
 
-def _split(flat: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
-    """(flat ids, lengths) -> one array per row."""
-    return np.split(flat, np.cumsum(lens)[:-1])
+class Texts:
+    """One side's text column of a prepared split, read line by line where it lies
+    (memory-mapped Arrow chunks): no copy of the column, and no Arrow compute call (a
+    `take` on the chunked column costs milliseconds a batch)."""
 
+    def __init__(self, train, side: str) -> None:
+        column = train.with_format("arrow")[:].column(side)  # honours select()/shuffle() indices
+        self.chunks = [c for c in column.chunks if len(c)]
+        self.starts = np.cumsum([0, *(len(c) for c in self.chunks)])
+
+    def lines(self, rows: np.ndarray) -> list[str]:
+        chunk = np.searchsorted(self.starts, rows, side="right") - 1
+        return [self.chunks[c][int(r - self.starts[c])].as_py() for c, r in zip(chunk, rows, strict=True)]
+
+
+def _replaced(flat: np.ndarray, lens: np.ndarray, at: np.ndarray, new: list[list[int]]
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(flat ids, lengths) of a batch's rows with rows `at` (increasing) replaced by `new`."""
+    if not len(at):
+        return flat, lens
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    parts, last = [], 0
+    for i, ids in zip(at.tolist(), new, strict=True):
+        parts += [flat[starts[last] : starts[i]], np.asarray(ids, dtype=flat.dtype)]
+        last = i + 1
+    parts.append(flat[starts[last] :])
+    lens = lens.copy()
+    lens[at] = [len(ids) for ids in new]
+    return np.concatenate(parts), lens
+
+
+def _gather(flat: np.ndarray, lens: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(flat ids, lengths) of `rows` of a (flat ids, lengths) batch, in that order."""
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    out_lens = lens[rows]
+    shift = np.repeat(starts[rows] - (np.cumsum(out_lens) - out_lens), out_lens)
+    return flat[np.arange(int(out_lens.sum())) + shift], out_lens
