@@ -82,3 +82,13 @@ def test_references_follow_the_case_of_the_source_and_nothing_else(name):
             assert src == ref == getattr(perturb, name)(line)
         else:
             assert ref == line and src == getattr(perturb, name)(*((line, k) if name == "typos" else (line,)))
+
+
+def test_a_test_sets_typos_are_drawn_per_line_whatever_lines_are_scored():
+    src, refs = LINES[:30], LINES[30:60]
+    full_src, full_refs = perturb.test_set("typos", src, refs, seed=3)
+    first_src, _ = perturb.test_set("typos", src[:10], refs[:10], seed=3)
+    assert first_src == full_src[:10] and full_refs == refs
+    assert perturb.test_set("typos", src, refs, seed=4)[0] != full_src
+    assert perturb.test_set("upper", src, refs)[1] == [r.upper() for r in refs]
+    assert perturb.tag("typos", 3) == "typos-seed3" and perturb.tag("title") == "title"

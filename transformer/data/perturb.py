@@ -87,3 +87,14 @@ def reference(name: str, text: str) -> str:
     title-cased like it; dropped punctuation and typos leave it as it is, the translation
     a user still wants."""
     return {"upper": upper, "title": title}.get(name, lambda t: t)(text)
+
+
+def test_set(name: str, src: list[str], refs: list[str], seed: int = 1) -> tuple[list[str], list[str]]:
+    """A test set's sources perturbed by `name` and its references matched (`source`,
+    `reference`); line i's typos are drawn from (`seed`, i), whatever lines are scored."""
+    return [source(name, s, f"{seed}:{i}") for i, s in enumerate(src)], [reference(name, r) for r in refs]
+
+
+def tag(name: str, seed: int = 1) -> str:
+    """A perturbation as it appears in file names: its name, and the seed of typos (`typos-seed1`)."""
+    return f"typos-seed{seed}" if name == "typos" else name
