@@ -5,6 +5,7 @@ draws are a function of (seed, epoch, row) alone; all probabilities 0 change not
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import datasets
@@ -167,3 +168,36 @@ def test_a_probability_outside_0_1_is_refused_naming_its_key(key):
 def test_the_hash_is_spread_over_its_range():
     h = augment._uniform(0, 0, np.arange(10_000), 0)
     assert 0 <= h.min() < 0.01 and 0.99 < h.max() < 1
+
+
+def piece_costs(src, tgt, bounds, piece_cost):
+    return sum((hi - lo) * (src[lo:hi].max() + tgt[lo:hi].max()) + piece_cost for lo, hi in itertools.pairwise(bounds))
+
+
+def fits(bounds, sizes, max_tokens) -> bool:
+    return all((hi - lo) * sizes[lo:hi].max() <= max_tokens for lo, hi in itertools.pairwise(bounds))
+
+
+def test_least_padding_finds_the_cheapest_cut_within_the_budget():
+    """Against every cut at the allowed points of small random batches (brute force):
+    within the budget, and no cheaper one exists."""
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n = int(rng.integers(1, 10))
+        src, tgt = rng.integers(1, 12, n), rng.integers(2, 12, n)  # some equal sizes
+        order = np.argsort(np.maximum(src, tgt), kind="stable")
+        src, tgt = src[order], tgt[order]
+        max_tokens, piece_cost = int(rng.integers(12, 60)), int(rng.integers(0, 20))
+        bounds = augment.least_padding(src, tgt, max_tokens, piece_cost)
+        sizes = np.maximum(src, tgt)
+        assert bounds[0] == 0 and bounds[-1] == n and fits(bounds, sizes, max_tokens)
+        inner = augment.cut_points(sizes, max_tokens)[1:-1].tolist()
+        every = [(0, *cut, n) for k in range(len(inner) + 1) for cut in itertools.combinations(inner, k)]
+        cheapest = min(piece_costs(src, tgt, b, piece_cost) for b in every if fits(b, sizes, max_tokens))
+        assert piece_costs(src, tgt, bounds, piece_cost) == cheapest
+
+
+def test_cuts_fall_where_the_size_changes_or_the_budget_forces_them():
+    sizes = np.array([2, 2, 2, 2, 2, 3, 3, 5])
+    assert augment.cut_points(sizes, 6).tolist() == [0, 3, 5, 7, 8]  # 3 pairs of 2 fit in 6
+    assert augment.cut_points(sizes, 100).tolist() == [0, 5, 7, 8]

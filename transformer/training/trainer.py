@@ -37,6 +37,7 @@ Shapes: B batch, S source length, T target length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -269,6 +270,8 @@ def augmenter(cfg: TrainConfig, data: PreparedData, pad_to: int) -> Augmenter | 
     """What changes the training pairs on the fly (data.augment); None when nothing is on."""
     if not cfg.data.augment.active:
         return None
+    on = ", ".join(f"{k} {v:g}" for k, v in dataclasses.asdict(cfg.data.augment).items() if v > 0)
+    log.info("data.augment: training pairs changed on the fly (%s); dev and test sets as they are", on)
     return Augmenter(cfg.data.augment, cfg.trainer.seed, data.train, data.tokenizer, cfg.data.max_len,
                      cfg.data.max_tokens, pad_to)
 
