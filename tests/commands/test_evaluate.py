@@ -69,7 +69,7 @@ def test_the_case_insensitive_bleu_is_the_sacrebleu_command_lines_lc(tmp_path):
                            "-m", "bleu", "-lc", "-w", "4"], capture_output=True, text=True, check=True, timeout=60)
     cli = json.loads(proc.stdout)
     assert report["scores"]["BLEU-lc"] == cli["score"] and report["signatures"]["BLEU-lc"] == cli["signature"]
-    assert "case:lc" in cli["signature"]
+    assert "case:lc" in cli["signature"] and report["verbose"]["BLEU-lc"].startswith("BLEU-lc = ")
 
 
 def test_the_name_copy_rate_stands_beside_bleu_given_the_sources():

@@ -125,7 +125,7 @@ def score(hyps: list[str], refs: list[str], src: list[str] | None = None) -> dic
         name = f"{result.name}-lc" if getattr(metric, "lowercase", False) else result.name
         report["scores"][name] = round(result.score, 4)
         report["signatures"][name] = str(metric.get_signature())
-        report["verbose"][name] = str(result)
+        report["verbose"][name] = str(result).replace(result.name, name, 1)  # BLEU-lc = ...
     if src is not None:
         names = name_copy(src, hyps, refs)
         rate = None if names.rate is None else round(100 * names.rate, 4)
