@@ -9,7 +9,7 @@ never pass through it.
 
 Every draw is a function of (trainer.seed, epoch, row), hashed (`_uniform`): a resumed run
 changes the pairs of a batch exactly as an unresumed one does, whatever thread or process
-collates it. A changed pair is longer in tokens (an upper-cased line about twice as long),
+collates it. A changed pair is longer in tokens (an upper-cased line two or three times as long),
 so two bounds hold:
 
 - a changed pair longer than data.max_len tokens on a side (the bound preparation keeps
