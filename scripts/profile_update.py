@@ -98,7 +98,7 @@ def measure(trainer, updates: int) -> dict:
     device = trainer.device
     accum = trainer.tc.accum_steps
     stream = trainer._micro_batches()
-    batches = [[next(stream)[2] for _ in range(accum)] for _ in range(3 + 2 * updates)]
+    batches = [[b for _ in range(accum) for b in next(stream)[2]] for _ in range(3 + 2 * updates)]
     drive(trainer, batches[:3])  # warm-up: optimizer state, allocator, kernels
     with HostReads(sites=True) as reads:
         drive(trainer, batches[3:3 + updates])

@@ -172,7 +172,7 @@ def test_a_mixed_precision_step_matches_fp32(precision):
 
 def test_fp16_step_with_an_inf_gradient_is_skipped_and_the_scale_lowered(tmp_path):
     trainer = run(tmp_path / "run", "trainer.max_steps=2", "trainer.precision=fp16", "trainer.device=cuda")
-    batches = [next(trainer._micro_batches())[2]]
+    batches = [next(trainer._micro_batches())[2][0]]
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     scale = trainer.scaler.get_scale()
     handle = trainer.model.src_embed.weight.register_hook(lambda g: g * float("inf"))

@@ -200,6 +200,37 @@ class FilterConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Training pairs changed on the fly as people type (after OpusTrainer's modifiers):
+    each setting is the probability that a training pair gets that change, drawn anew
+    each epoch from trainer.seed, the epoch and the pair; a pair may get several. 0 (the
+    default) turns a change off. Dev and test sets are never changed (docs/robustness.md)."""
+
+    upper: float = 0.0
+    """Both sides upper-cased."""
+    title: float = 0.0
+    """Both sides title-cased: each word's first letter upper-cased (upper wins when both are drawn)."""
+    nopunct: float = 0.0
+    """Both sides without their final punctuation (. ! ? … ; : ,)."""
+    typos: float = 0.0
+    """Typos in the source only: letters swapped with the next, dropped or repeated, one
+    per 40 characters (at least one a line)."""
+    merge: float = 0.0
+    """The pair joined with another pair of its batch, each side with a space (the other
+    pair is also trained on alone)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether any change is on."""
+        return any(getattr(self, f.name) > 0 for f in fields(self))
+
+    def validate(self, prefix: str = "data.augment") -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            require(0.0 <= value <= 1.0, f"{prefix}.{f.name}", value, "a probability must be in [0, 1]")
+
+
+@dataclass
 class DataConfig:
     """Which corpus, how it is cleaned, tokenized and batched.
 
@@ -280,6 +311,9 @@ class DataConfig:
     padding is compute)."""
     prefetch_batches: int = 4
     """Training batches a background thread collates ahead (held in host memory)."""
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    """Training pairs changed on the fly as people type (upper case, title case, no final
+    punctuation, typos, merged pairs), e.g. {upper: 0.1, title: 0.1}: off by default."""
 
     def validate(self, prefix: str = "data") -> None:
         names = (*CORPORA, "mix")
@@ -329,6 +363,7 @@ class DataConfig:
                     f"{prefix}.max_tokens")
         positive(f"{prefix}.prefetch_batches", self.prefetch_batches)
         _at_most(f"{prefix}.prefetch_batches", self.prefetch_batches, MAX_PREFETCH_BATCHES)
+        self.augment.validate(f"{prefix}.augment")
 
     def describe(self) -> str:
         """The corpus, or a mix's corpora and weights: `mix (tatoeba 1, europarl 2)`."""

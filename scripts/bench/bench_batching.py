@@ -4,10 +4,17 @@ arrays read once from the Arrow buffers (`TokenIds.collate_rows`, what it does).
 
     python scripts/bench/bench_batching.py                      # Europarl-like, ~12k target tokens
     python scripts/bench/bench_batching.py --pairs 200000 --max-tokens 16384 --repeat 50
+    python scripts/bench/bench_batching.py --prepared data/cache/prepared-<key> --max-tokens 4096 \
+        --pad-to-multiple 1 --augment upper=0.1,title=0.1,nopunct=0.1,typos=0.1,merge=0.05
 
 The corpus is synthetic (lengths drawn like Europarl's, ~30 tokens a side, ids below 8,000),
 saved with `datasets` and loaded back memory-mapped as prepared data is. Batches are the
 trainer's (`TokenBatchSampler`, `data.max_tokens`); the median over batches is printed.
+
+With `--prepared` (a folder of the prepared-data cache: real text, its tokenizer) and
+`--augment` (data.augment's probabilities), it times instead a batch without and with
+data.augment (`Augmenter.pieces`: the draws, the changed pairs re-encoded, the pieces
+collated), the mean over the batches of an epoch's start, and how often a batch is cut.
 """
 
 from __future__ import annotations
@@ -17,11 +24,15 @@ import json
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import datasets
 import numpy as np
 
+from transformer.config import AugmentConfig
+from transformer.data.augment import Augmenter
 from transformer.data.batching import TokenBatchSampler, TokenIds, collate
+from transformer.data.prepared_cache import open_prepared
 
 PAD, BOS, EOS, VOCAB = 0, 2, 3, 8000
 
@@ -43,13 +54,50 @@ def median_ms(fn, batches) -> float:
     return statistics.median(times)
 
 
+def mean_ms(fn, batches) -> float:
+    t0 = time.perf_counter()
+    for rows in batches:
+        fn(rows)
+    return 1e3 * (time.perf_counter() - t0) / len(batches)
+
+
+def bench_augment(args) -> dict:
+    """A batch of a prepared corpus collated plainly and with data.augment (`args.augment`)."""
+    prepared = open_prepared(Path(args.prepared))
+    if prepared is None:
+        raise SystemExit(f"--prepared {args.prepared}: no prepared data there (no meta.json)")
+    tok = prepared.tokenizer
+    probabilities = dict(item.split("=") for item in args.augment.split(","))
+    cfg = AugmentConfig(**{k: float(v) for k, v in probabilities.items()})
+    ids = TokenIds(prepared.train, tok.vocab_size)
+    plan = TokenBatchSampler(*ids.lengths(), max_tokens=args.max_tokens, seed=1,
+                             pad_to_multiple=args.pad_to_multiple).batches(0)
+    batches = [plan.rows_of(i) for i in range(min(args.repeat, len(plan)))]
+    augmenter = Augmenter(cfg, 1, prepared.train, tok, 128, args.max_tokens, args.pad_to_multiple)
+    plain = mean_ms(lambda rows: ids.collate_rows(rows, tok.pad_id, tok.bos_id, tok.eos_id, args.pad_to_multiple,
+                                                  tok.vocab_size), batches)
+    augmented = mean_ms(lambda rows: augmenter.pieces(ids, rows, 0, tok.vocab_size), batches)
+    pieces = [len(augmenter.pieces(ids, rows, 0, tok.vocab_size)) for rows in batches]
+    return {"prepared": args.prepared, "pairs": len(ids), "max_tokens": args.max_tokens, "augment": probabilities,
+            "batches": len(batches), "mean_pairs_per_batch": round(statistics.mean(map(len, batches)), 1),
+            "plain_ms": round(plain, 2), "augmented_ms": round(augmented, 2),
+            "batches_cut_in_pieces": round(sum(p > 1 for p in pieces) / len(pieces), 3),
+            "mean_pieces": round(statistics.mean(pieces), 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=100_000)
     ap.add_argument("--max-tokens", type=int, default=16384, help="data.max_tokens (the GPU recipe's)")
     ap.add_argument("--repeat", type=int, default=30, help="batches timed")
     ap.add_argument("--pad-to-multiple", type=int, default=8)
+    ap.add_argument("--prepared", help="a prepared-data cache folder: time data.augment on its text")
+    ap.add_argument("--augment", default="upper=0.1,title=0.1,typos=0.1",
+                    help="with --prepared: data.augment's probabilities, as name=p,name=p")
     args = ap.parse_args()
+    if args.prepared:
+        print(json.dumps(bench_augment(args), indent=1))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         datasets.Dataset.from_dict(corpus(args.pairs)).save_to_disk(tmp)
         dataset = datasets.load_from_disk(tmp)

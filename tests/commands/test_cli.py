@@ -69,6 +69,10 @@ MISTAKES = [
      "mt-evaluate: error: max_sentences=0: must be >= 1 (or null)"),
     (evaluate, "mt-evaluate", ["checkpoint=x", "decode.beam_size=0"],
      "mt-evaluate: error: decode.beam_size=0: must be >= 1"),
+    (evaluate, "mt-evaluate", ["checkpoint=x", "perturb=caps"],
+     "mt-evaluate: error: perturb='caps': choose one of upper, title, nopunct, typos (or null)"),
+    (train, "mt-train", ["data.augment.upper=2"],
+     "mt-train: error: data.augment.upper=2.0: a probability must be in [0, 1]"),
 ]
 
 

@@ -1,5 +1,7 @@
-"""mt-evaluate: its scores are the sacrebleu command line's on the files it writes; a test
-set may be a process substitution."""
+"""mt-evaluate: its scores are the sacrebleu command line's on the files it writes (the
+case-insensitive BLEU its -lc); a test set may be a process substitution; a perturbed test
+set (perturb=) has its sources changed by data.augment's transforms, its references cased
+to match, and files of its own beside the clean ones."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 from transformer.commands import evaluate
 from transformer.config import DecodeConfig
+from transformer.data import perturb
 from transformer.data.corpus import read_lines
 from transformer.metrics.name_copy import SIGNATURE
 from transformer.outputs import OutputError
@@ -52,6 +55,21 @@ def test_scores_equal_the_sacrebleu_command_line(tmp_path):
     (tmp_path / "ref").write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
     (tmp_path / "hyp").write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
     assert_same_as_cli(report, tmp_path / "ref", tmp_path / "hyp")
+
+
+def test_the_case_insensitive_bleu_is_the_sacrebleu_command_lines_lc(tmp_path):
+    refs = read_lines(SAMPLE / "dev.en")[:20]
+    hyps = [r.upper() for r in refs]  # nothing in common but the letters' case
+    report = evaluate.score(hyps, refs)
+    assert report["scores"]["BLEU"] < 5 and report["scores"]["BLEU-lc"] == 100.0
+    (tmp_path / "ref").write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
+    (tmp_path / "hyp").write_text("".join(f"{h[:-2]}\n" for h in hyps), encoding="utf-8")  # not all perfect
+    report = evaluate.score([h[:-2] for h in hyps], refs)
+    proc = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"),
+                           "-m", "bleu", "-lc", "-w", "4"], capture_output=True, text=True, check=True, timeout=60)
+    cli = json.loads(proc.stdout)
+    assert report["scores"]["BLEU-lc"] == cli["score"] and report["signatures"]["BLEU-lc"] == cli["signature"]
+    assert "case:lc" in cli["signature"] and report["verbose"]["BLEU-lc"].startswith("BLEU-lc = ")
 
 
 def test_the_name_copy_rate_stands_beside_bleu_given_the_sources():
@@ -154,3 +172,50 @@ def test_a_process_substitution_is_a_test_set_as_a_file_is(checkpoint, tmp_path,
         os.close(read)
     assert reports["pipe"]["sentences"] == 12 and reports["pipe"]["scores"] == reports["file"]["scores"]
     assert read_lines(Path(reports["pipe"]["files"]["hyp"])) == read_lines(Path(reports["file"]["files"]["hyp"]))
+
+
+def evaluate_sample(checkpoint: Path, out: Path, *overrides: str) -> dict:
+    pair = f"{SAMPLE / 'dev.it'},{SAMPLE / 'dev.en'}"
+    sys.argv = ["mt-evaluate", f"checkpoint={checkpoint}", f"test_set='{pair}'", f"output_dir={out}",
+                "max_sentences=12", "decode=greedy", "decode.max_len_a=0", "decode.max_len_b=8", "progress=false",
+                *overrides]
+    evaluate.main()
+    (report,) = (json.loads(p.read_text()) for p in out.glob("*.greedy.json"))
+    return report
+
+
+@pytest.mark.parametrize("name", ["upper", "title", "nopunct", "typos"])
+def test_a_perturbed_test_set_gets_files_of_its_own_and_references_cased_to_match(
+        checkpoint, tmp_path, monkeypatch, name):
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    clean = evaluate_sample(checkpoint, tmp_path / "clean")
+    perturbed = evaluate_sample(checkpoint, tmp_path / "perturbed", f"perturb={name}")
+    tag = "typos-seed1" if name == "typos" else name
+    assert {k: Path(v).name for k, v in perturbed["files"].items()} == {
+        "hyp": f"dev.it.{tag}.greedy.hyp", "ref": f"dev.it.{tag}.ref", "report": f"dev.it.{tag}.greedy.json"}
+    assert not set(map(Path, clean["files"].values())) & {Path(f).parent.parent / "clean" / Path(f).name
+                                                           for f in perturbed["files"].values()}
+    assert perturbed["perturb"]["name"] == name and clean["perturb"] is None
+    assert perturbed["perturb"]["seed"] == (1 if name == "typos" else None)
+    refs = read_lines(SAMPLE / "dev.en")[:12]
+    written = read_lines(Path(perturbed["files"]["ref"]))
+    assert written == ([getattr(perturb, name)(r) for r in refs] if name in ("upper", "title") else refs)
+    assert_same_as_cli(perturbed, Path(perturbed["files"]["ref"]), Path(perturbed["files"]["hyp"]))
+
+
+def test_a_perturbed_report_goes_beside_the_clean_one_in_the_same_folder(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    out = tmp_path / "eval"
+    evaluate_sample(checkpoint, out)
+    clean_ref = (out / "dev.it.ref").read_text()
+    for overrides in (["perturb=upper"], ["perturb=typos"], ["perturb=typos", "perturb_seed=2"]):
+        evaluate.evaluate(evaluate.EvaluateConfig(
+            checkpoint=str(checkpoint), test_set=f"{SAMPLE / 'dev.it'},{SAMPLE / 'dev.en'}", output_dir=str(out),
+            max_sentences=12, progress=False, perturb=overrides[0].split("=")[1],
+            perturb_seed=int(overrides[1].split("=")[1]) if len(overrides) > 1 else 1,
+            decode=DecodeConfig(method="greedy", max_len_a=0, max_len_b=8)))
+    assert sorted(p.name for p in out.glob("dev.it.*.json")) == [
+        "dev.it.greedy.json", "dev.it.typos-seed1.greedy.json", "dev.it.typos-seed2.greedy.json",
+        "dev.it.upper.greedy.json"]
+    assert (out / "dev.it.ref").read_text() == clean_ref
+

@@ -50,6 +50,12 @@ def test_round_trip_on_accented_sentences(tok: Tokenizer) -> None:
     assert tok.decode(ids) == texts
 
 
+def test_encode_line_is_encode_of_one_line(tok: Tokenizer) -> None:
+    lines = sample_sentences()
+    assert [tok.encode_line(x) for x in lines] == tok.encode(lines)
+    assert [tok.encode_line(x.upper()) for x in ACCENTED] == tok.encode([x.upper() for x in ACCENTED])
+
+
 def test_decode_stops_at_eos_and_skips_pad_and_bos(tok: Tokenizer) -> None:
     (x,) = tok.encode(["Sì, è così."])
     noisy = [BOS_ID, *x, EOS_ID, *tok.encode(["Ciao"])[0], PAD_ID, PAD_ID]

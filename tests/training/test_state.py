@@ -202,9 +202,9 @@ def test_a_resume_with_other_batching_trains_on_every_pair_of_the_epoch_once(tmp
     stream, step = trainer_module.batch_stream, trainer_module.Trainer.train_step
 
     def with_rows(sampler, ids, tokenizer, epoch, start, *rest):  # each batch knows its rows
-        for e, i, batch in stream(sampler, ids, tokenizer, epoch, start, *rest):
-            batch.origin = (e, sampler.batches(e).rows_of(i).tolist())
-            yield e, i, batch
+        for e, i, pieces in stream(sampler, ids, tokenizer, epoch, start, *rest):
+            pieces[0].origin = (e, sampler.batches(e).rows_of(i).tolist())
+            yield e, i, pieces
 
     def recorded(self, batches):
         trained.update(row for b in batches if b.origin[0] == 0 for row in b.origin[1])

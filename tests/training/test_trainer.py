@@ -62,7 +62,7 @@ def steady_state_reads(trainer, updates: int, accum: int = 1, poison: bool = Fal
     set_attention_path(trainer.model, True)
     trainer.tc.max_steps = 1_000_000  # the run that built it ended; these updates are mid-run
     stream = trainer._micro_batches()
-    batches = [[next(stream)[2] for _ in range(accum)] for _ in range(updates)]
+    batches = [[next(stream)[2][0] for _ in range(accum)] for _ in range(updates)]
     trainer.train_step(batches[0])  # warm-up: the optimizer's state, the allocator
     trainer.read_and_recount()
     if poison:
@@ -125,7 +125,7 @@ def test_an_eager_bf16_update_dispatches_few_ops(tmp_path, device_code_paths):
     set_attention_path(trainer.model, True)
     trainer.tc.max_steps = 1_000_000
     stream = trainer._micro_batches()
-    batches = [[next(stream)[2]] for _ in range(5)]
+    batches = [[next(stream)[2][0]] for _ in range(5)]
     for micro in batches[:2]:
         trainer.train_step(micro)
     with DispatchedOps() as ops:
@@ -234,7 +234,7 @@ def test_under_ddp_compiled_or_not_only_an_updates_last_backward_all_reduces(tmp
     compiled = run(tmp_path / "compiled", *args, "trainer.compile=true")
     weights = {k: v.clone() for k, v in eager.model.state_dict().items()}
     stream = eager._micro_batches()
-    batches = [next(stream)[2] for _ in range(3)]
+    batches = [next(stream)[2][0] for _ in range(3)]
     grads = {}
     for name, trainer in (("eager", eager), ("compiled", compiled)):
         assert isinstance(trainer.ddp, DistributedDataParallel) and trainer.forward.compiled == (name == "compiled")
@@ -278,7 +278,7 @@ def test_the_loop_learns_what_the_eager_loop_learns_skips_included(tmp_path):
     optimizer.load_state_dict(copy.deepcopy(trainer.optimizer.state_dict()))  # as a resume loads them
     scheduler.load_state_dict(trainer.scheduler.state_dict())
     stream = trainer._micro_batches()
-    batches = [next(stream)[2] for _ in range(12)]
+    batches = [next(stream)[2][0] for _ in range(12)]
     poison = 4
     expected = reference_updates(model, optimizer, scheduler, batches, trainer.cfg.optim.label_smoothing,
                                  trainer.cfg.optim.clip_norm, poison)
@@ -441,6 +441,37 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
     assert split == straight
 
 
+AUGMENT = ["data.augment.upper=0.3", "data.augment.title=0.2", "data.augment.nopunct=0.3",
+           "data.augment.typos=0.3", "data.augment.merge=0.2"]
+
+
+def test_an_augmented_run_resumed_trains_on_exactly_the_batches_of_an_uninterrupted_one(tmp_path, monkeypatch):
+    """data.augment draws per (seed, epoch, row): a resume mid-epoch (and across the epoch's
+    end) sees the same changed pairs, in the same pieces, with the same losses; the dev
+    sets are the plain run's."""
+    seen: dict[str, list] = collections.defaultdict(list)
+    real_step = Trainer.train_step
+
+    def recorded(self, batches):
+        seen[self.tc.run_dir].append([(b.src_ids.tolist(), b.tgt_out_ids.tolist()) for b in batches])
+        return real_step(self, batches)
+
+    monkeypatch.setattr(Trainer, "train_step", recorded)
+    common = ["trainer.log_every=1", "trainer.val_every=100", "trainer.resume=auto", "data.max_tokens=512",
+              *AUGMENT]
+    straight = run(tmp_path / "straight", *common, "trainer.max_steps=14")
+    run(tmp_path / "split", *common, "trainer.max_steps=5")
+    resumed = run(tmp_path / "split", *common, "trainer.max_steps=14")
+    assert straight.state.epoch >= 1  # the run went past an epoch's end
+    assert seen[str(tmp_path / "split")] == seen[str(tmp_path / "straight")]
+    assert scalars(tmp_path / "split", "train/loss") == scalars(tmp_path / "straight", "train/loss")
+    assert any(len(step) > 1 for step in seen[str(tmp_path / "straight")])  # a batch was cut in pieces
+    plain = run(tmp_path / "plain", *common[:-len(AUGMENT)], "trainer.max_steps=2")
+    assert seen[str(tmp_path / "plain")] != seen[str(tmp_path / "straight")][:2]
+    for name, batches in plain.validator.batches.items():
+        assert [b.src_ids.tolist() for b in batches] == [b.src_ids.tolist() for b in resumed.validator.batches[name]]
+
+
 def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, monkeypatch):
     real_step = Trainer.train_step
 
@@ -465,7 +496,7 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path, monkeypatch):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_step_with_an_inf_gradient_is_skipped(tmp_path, precision):
     trainer = run(tmp_path / "run", "trainer.max_steps=2", f"trainer.precision={precision}")
-    batches = [next(trainer._micro_batches())[2]]
+    batches = [next(trainer._micro_batches())[2][0]]
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     opt_before = trainer.optimizer.state_dict()["state"][0]["exp_avg"].clone()
     handle = trainer.model.src_embed.weight.register_hook(lambda g: g * float("inf"))

@@ -7,11 +7,17 @@ the name-copy rate (`transformer.metrics.name_copy`).
     mt-evaluate checkpoint=CKPT test_set=test data=iwslt2017          # the hub test split
     mt-evaluate checkpoint=CKPT test_set=path/to/src.it,path/to/ref.en
     mt-evaluate checkpoint=EXPORT_DIR test_set=tatoeba-test       # a CTranslate2 export (mt-export)
+    mt-evaluate checkpoint=CKPT test_set=tatoeba-test perturb=upper   # sources as people type them
 
 Writes `{output_dir}/{name}.{method}.hyp` (one line per test sentence), the references
 it scored against (`.ref`) and a JSON report (`.json`: scores, sacrebleu signatures,
 checkpoint, decode settings, engine, time, sentences/s). The scores are sacrebleu's defaults, so
-`sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU. The name-copy
+`sacrebleu {name}.ref -i {name}.{method}.hyp -m bleu` prints the same BLEU; `BLEU-lc` is
+its case-insensitive BLEU (`-lc`). With `perturb=upper|title|nopunct|typos` the sources
+are changed as people type them, with the transforms training's data.augment uses
+(`transformer/data/perturb.py`), the references upper- or title-cased to match, and
+`{name}` is `{test_set}.{perturb}` (`tatoeba-test.upper`, `tatoeba-test.typos-seed1`), so
+a perturbed report never replaces the clean one; the report says which. The name-copy
 rate is in percent beside them (`names`; null when the references copy no name), with its
 counts under `name_copy`. `output_dir` defaults to a folder per model,
 `outputs/eval/<run>-<checkpoint>` (`outputs/eval/sample-best`) or `outputs/eval/<export>`,
@@ -48,6 +54,7 @@ from transformer.config import (
     positive,
     require,
 )
+from transformer.data import perturb
 from transformer.data.corpus import DataError
 from transformer.data.pipeline import load_test_set
 from transformer.decoding.loading import in_decode_dtype, load_for_inference
@@ -85,6 +92,12 @@ class EvaluateConfig:
     single-threaded CTranslate2 workers)."""
     progress: bool = True
     """A progress bar on stderr."""
+    perturb: str | None = None
+    """Score the test set with its sources as people type them: upper | title | nopunct |
+    typos (data.augment's transforms; upper and title case the references too); null: as
+    it is. The files' names get it: {test_set}.{perturb}.{method}.hyp."""
+    perturb_seed: int = 1
+    """perturb=typos: the seed its typos are drawn from (with each line's number)."""
     data: DataConfig = field(default_factory=DataConfig)
     """The data group: where test sets live ({data.root}/eval) and which corpus `dev` and
     `test` mean; their sides are the checkpoint's languages (an export: data.src_lang and
@@ -97,6 +110,8 @@ class EvaluateConfig:
                 "required: add checkpoint=path/to/checkpoint_dir")
         require(bool(self.test_set), "test_set", self.test_set, "name a test set")
         positive("max_sentences", self.max_sentences, optional=True)
+        require(self.perturb in (None, *perturb.PERTURBATIONS), "perturb", self.perturb,
+                f"choose one of {', '.join(perturb.PERTURBATIONS)} (or null)")
         check_device("device", self.device)
         positive("threads", self.threads, optional=True)
         at_most_workers("threads", self.threads)
@@ -108,11 +123,12 @@ def score(hyps: list[str], refs: list[str], src: list[str] | None = None) -> dic
     """sacrebleu's corpus BLEU, chrF and TER with their signatures (default settings); given
     the sources, also the name-copy rate (`names`, percent, None without names)."""
     report: dict = {"scores": {}, "signatures": {}, "verbose": {}}
-    for metric in (BLEU(), CHRF(), TER()):
+    for metric in (BLEU(), BLEU(lowercase=True), CHRF(), TER()):
         result = metric.corpus_score(hyps, [refs])
-        report["scores"][result.name] = round(result.score, 4)
-        report["signatures"][result.name] = str(metric.get_signature())
-        report["verbose"][result.name] = str(result)
+        name = f"{result.name}-lc" if getattr(metric, "lowercase", False) else result.name
+        report["scores"][name] = round(result.score, 4)
+        report["signatures"][name] = str(metric.get_signature())
+        report["verbose"][name] = str(result).replace(result.name, name, 1)  # BLEU-lc = ...
     if src is not None:
         names = name_copy(src, hyps, refs)
         rate = None if names.rate is None else round(100 * names.rate, 4)
@@ -123,9 +139,11 @@ def score(hyps: list[str], refs: list[str], src: list[str] | None = None) -> dic
     return report
 
 
-def file_stem(test_set: str) -> str:
-    """A file-name-safe name: the set's name, or the source file's name for a src,ref pair."""
-    return Path(test_set.split(",")[0]).name if "," in test_set else test_set
+def file_stem(test_set: str, perturbation: str | None = None, seed: int = 1) -> str:
+    """A file-name-safe name: the set's name, or the source file's name for a src,ref pair;
+    and its perturbation (`perturb.tag`) after a dot."""
+    stem = Path(test_set.split(",")[0]).name if "," in test_set else test_set
+    return stem if perturbation is None else f"{stem}.{perturb.tag(perturbation, seed)}"
 
 
 def model_name(checkpoint: str) -> str:
@@ -140,7 +158,7 @@ def output_files(cfg: EvaluateConfig) -> dict[str, outputs.Output]:
     folder under outputs/eval), checked before any work (`outputs.check`), and never one
     of the inputs (the checkpoint, a src,ref pair)."""
     folder = cfg.output_dir if cfg.output_dir is not None else f"{EVAL_DIR}/{model_name(cfg.checkpoint)}"
-    out, stem, method = Path(folder), file_stem(cfg.test_set), cfg.decode.method
+    out, stem, method = Path(folder), file_stem(cfg.test_set, cfg.perturb, cfg.perturb_seed), cfg.decode.method
     names = {"hyp": f"{stem}.{method}.hyp", "ref": f"{stem}.ref", "report": f"{stem}.{method}.json"}
     files = {kind: outputs.Output(out / name, "output_dir", folder, "mt-evaluate", force=cfg.force)
              for kind, name in names.items()}
@@ -197,6 +215,8 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         src, refs = src[: cfg.max_sentences], refs[: cfg.max_sentences]
     if not src:
         raise DataError(f"test set {cfg.test_set!r} has no sentence pairs to score")
+    if cfg.perturb is not None:
+        src, refs = perturb.test_set(cfg.perturb, src, refs, cfg.perturb_seed)
     # the same references for every method: an earlier evaluation's identical file is fine
     outputs.check(files["ref"], _inputs(cfg), same_as="".join(f"{r}\n" for r in refs))
     model, tokenizer, device = load_for_inference(cfg.checkpoint, cfg.device, cfg.threads)
@@ -209,6 +229,9 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     seconds = time.perf_counter() - start
     report = {
         "test_set": cfg.test_set,
+        "perturb": None if cfg.perturb is None else {
+            "name": cfg.perturb, "seed": cfg.perturb_seed if cfg.perturb == "typos" else None,
+            "references": "cased as the sources" if cfg.perturb in ("upper", "title") else "as they are"},
         "sentences": len(src),
         "split_sentences": counts["sentences"],  # what the splitter found in those lines
         **score(hyps, refs, src),
@@ -223,7 +246,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     outputs.write_text(files["ref"], "".join(f"{r}\n" for r in refs))
     report["files"] = {k: str(v.path) for k, v in files.items()}
     outputs.write_text(files["report"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    for name in ("BLEU", "chrF2", "TER", "names"):
+    for name in ("BLEU", "BLEU-lc", "chrF2", "TER", "names"):
         print(f"{report['verbose'][name]}  ({report['signatures'][name]})")
     split = f"{counts['sentences']} after splitting" if decode.split_sentences else "not split"
     print(f"{len(src)} sentences ({split}) in {seconds:.1f} s "

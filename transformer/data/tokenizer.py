@@ -81,6 +81,12 @@ class Tokenizer:
         """Token ids of each text, without BOS or EOS; `num_threads` SentencePiece threads."""
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
+    def encode_line(self, text: str) -> list[int]:
+        """One text's ids, without BOS or EOS: SentencePiece's call for one string, which
+        starts no threads (its call for a list does, which costs more than encoding a few
+        dozen short lines: `augment.py` encodes its changed lines one by one)."""
+        return self._sp.encode(text, out_type=int)
+
     def decode(self, ids: Iterable[Iterable[int]]) -> list[str]:
         """Text of each id sequence: stops at the first EOS, skips padding and BOS."""
         cleaned = []

@@ -21,7 +21,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from transformer.data.batching import TokenBatchSampler, TokenIds
+from transformer.data.augment import Augmenter
+from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 
 # Seconds between the thread's looks at the stop flag while the queue is full.
 _POLL = 0.05
@@ -33,13 +34,14 @@ class _Failed:
 
 
 class Prefetcher:
-    """Runs `items` (an iterator of (epoch, index, Batch)) in a background thread, at most
+    """Runs `items` (an iterator of (epoch, index, batches)) in a background thread, at most
     `depth` items ahead; iterate it in place of `items`.
 
     Args:
         items: what to read ahead; consumed only by the thread.
         depth: items held ready (the queue's bound: `depth` batches of host memory).
-        pin: page-lock each batch (`Batch.pin_memory`), for asynchronous copies to a GPU.
+        pin: page-lock each item's batches (a list of `Batch`: `Batch.pin_memory`), for
+            asynchronous copies to a GPU.
     """
 
     def __init__(self, items: Iterator[tuple[int, int, Any]], depth: int, pin: bool = False) -> None:
@@ -52,8 +54,8 @@ class Prefetcher:
     def _run(self, items: Iterator[tuple[int, int, Any]]) -> None:
         try:
             for epoch, index, batch in items:
-                if self.pin:
-                    batch = batch.pin_memory()
+                if self.pin:  # a list of Batch (`batch_stream`'s pieces)
+                    batch = [b.pin_memory() for b in batch]
                 if not self._put((epoch, index, batch)):
                     return
             self._put(_Failed(StopIteration()))
@@ -90,12 +92,19 @@ class Prefetcher:
 
 
 def batch_stream(sampler: TokenBatchSampler, train_ids: TokenIds, tokenizer, epoch: int, start: int,
-                 pad_to_multiple: int, vocab_size: int) -> Iterator[tuple[int, int, Any]]:
-    """Endless (epoch, index, Batch) stream of `sampler`'s shard from batch `start` of
-    `epoch`, collated from `train_ids`. Changes no state: the prefetch thread runs it."""
+                 pad_to_multiple: int, vocab_size: int,
+                 augmenter: Augmenter | None = None) -> Iterator[tuple[int, int, list[Batch]]]:
+    """Endless (epoch, index, batches) stream of `sampler`'s shard from batch `start` of
+    `epoch`, collated from `train_ids`: one Batch per planned batch, or with `augmenter`
+    (data.augment) its changed pairs, in pieces if they outgrow data.max_tokens (the
+    micro-batches of one update). Changes no state: the prefetch thread runs it."""
     while True:
         batches = sampler.batches(epoch)
         for index in range(start, len(batches)):
-            yield epoch, index, train_ids.collate_rows(batches.rows_of(index), tokenizer.pad_id, tokenizer.bos_id,
-                                                       tokenizer.eos_id, pad_to_multiple, vocab_size)
+            rows = batches.rows_of(index)
+            if augmenter is not None:
+                yield epoch, index, augmenter.pieces(train_ids, rows, epoch, vocab_size)
+            else:
+                yield epoch, index, [train_ids.collate_rows(rows, tokenizer.pad_id, tokenizer.bos_id,
+                                                            tokenizer.eos_id, pad_to_multiple, vocab_size)]
         epoch, start = epoch + 1, 0

@@ -37,6 +37,7 @@ Shapes: B batch, S source length, T target length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
+from transformer.data.augment import Augmenter
 from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
 from transformer.data.prepared_cache import PreparedData
 from transformer.device import HeapTrimmer
@@ -146,7 +148,7 @@ class Trainer:
                 if limit := self.budget.stop(s, epoch):
                     log.info("%s reached at step %d", limit, s.step)
                     break
-                self.train_step([b for _, _, b in micro])
+                self.train_step([b for _, _, pieces in micro for b in pieces])
                 s.at(epoch, index + 1)  # position of the next batch
                 s.train_seconds += time.perf_counter() - t0
                 self.trim_heap()
@@ -232,7 +234,7 @@ class Trainer:
     def _micro_batches(self):
         """Endless (epoch, index, Batch) stream of this rank's shard from the saved position."""
         return batch_stream(self.sampler, self.train_ids, self.tokenizer, self.state.epoch, self.state.batch_index,
-                            self.pad_to, self.model.cfg.vocab_size)
+                            self.pad_to, self.model.cfg.vocab_size, augmenter(self.cfg, self.data, self.pad_to))
 
     def train_step(self, batches: list[Batch]) -> dict:
         """One optimizer update over `batches` (gradient accumulation), read nowhere: counted
@@ -262,6 +264,16 @@ class Trainer:
     def validate(self) -> dict[str, DevResult]:
         """Every dev set's scores (rank 0 only)."""
         return self.validator(self.model)
+
+
+def augmenter(cfg: TrainConfig, data: PreparedData, pad_to: int) -> Augmenter | None:
+    """What changes the training pairs on the fly (data.augment); None when nothing is on."""
+    if not cfg.data.augment.active:
+        return None
+    on = ", ".join(f"{k} {v:g}" for k, v in dataclasses.asdict(cfg.data.augment).items() if v > 0)
+    log.info("data.augment: training pairs changed on the fly (%s); dev and test sets as they are", on)
+    return Augmenter(cfg.data.augment, cfg.trainer.seed, data.train, data.tokenizer, cfg.data.max_len,
+                     cfg.data.max_tokens, pad_to)
 
 
 def wrapped_in_ddp(model: Transformer, device: torch.device) -> DistributedDataParallel | None:
