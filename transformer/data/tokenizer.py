@@ -81,6 +81,15 @@ class Tokenizer:
         """Token ids of each text, without BOS or EOS; `num_threads` SentencePiece threads."""
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
+    def sample(self, texts: list[str], alpha: float, nbest: int, seed: int) -> list[list[int]]:
+        """A sampled segmentation of each text (subword regularisation): SentencePiece's
+        sampling with `alpha` among the `nbest` best (-1: all) for a unigram model,
+        BPE-dropout with probability `alpha` for a BPE one. The same `seed` gives the same
+        ids: one thread, whose generator SentencePiece seeds from the seed set just before."""
+        spm.set_random_generator_seed(seed)
+        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest,
+                               num_threads=1)
+
     def decode(self, ids: Iterable[Iterable[int]]) -> list[str]:
         """Text of each id sequence: stops at the first EOS, skips padding and BOS."""
         cleaned = []

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
-from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
+from transformer.data.batching import Batch, TokenBatchSampler
 from transformer.data.prepared_cache import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
@@ -84,11 +84,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
-        self.train_ids = TokenIds(data.train, model.cfg.vocab_size)  # numpy: batches built without the GIL
+        self.train_ids = data.token_ids(model.cfg.vocab_size)  # numpy: batches built without the GIL
         self.sampler = TokenBatchSampler(
             *self.train_ids.lengths(), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
-            mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
+            mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to, segmentations=data.segmentations,
         )
         self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
                                        self.scaler, owned, dist_info.is_main, optim=cfg.optim, sampler=self.sampler)
