@@ -171,9 +171,10 @@ class SubwordSamplingConfig:
     nbest: int = 64
     """Unigram: sample among the nbest best segmentations; -1: over all of them (the whole
     lattice, faster). Ignored by a BPE model."""
-    segmentations: int = 8
-    """Sampled segmentations kept per training sentence; epoch e takes one, and a sentence
-    goes through all of them before it sees one again."""
+    segmentations: int = 4
+    """Sampled segmentations kept per training sentence (each costs preparation time, and
+    memory: a copy of the sampled side's ids); epoch e takes one, and a sentence goes
+    through all of them before it sees one again."""
     target: bool = False
     """Sample the target side too; false: the source only."""
 

@@ -134,6 +134,6 @@ def encode_rows(task: tuple[str, bytes, int, str, int, int, Sampling | None]) ->
     rows = read_table(path).slice(start, stop - start)
     texts = {side: rows.column(side).to_pylist() for side in ("src", "tgt")}
     best = {side: tokenizer.encode(texts[side], threads) for side in texts}
-    samples = [sample_segmentations(tokenizer, texts[side], best[side], sampling, [start, ("src", "tgt").index(side)])
+    samples = [sample_segmentations(tokenizer, texts[side], best[side], sampling, [start, side == "tgt"])
                for side in (sampling.sides if sampling is not None else ())]
     return [*(pa.array(best[side], IDS) for side in ("src", "tgt")), *samples]

@@ -19,9 +19,9 @@ batches are planned on the lengths of the rows an epoch actually takes, so a bat
 holds at most `data.max_tokens` padded tokens per side. A sampled segmentation longer than
 `data.max_len` is replaced by the best one, so every training sequence stays within it.
 
-Each chunk's samples are drawn by SentencePiece's generator seeded from the chunk's
-position, the side and the segmentation's number (`Tokenizer.sample`): the same corpus
-and settings give the same cache, whichever process encodes which chunk.
+The samples are drawn once, when the cache is made: runs on that cache, and their
+resumes, see exactly the same segmentations; a cache made again holds other ones
+(SentencePiece's generator is not reproducible from one process to the next).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class Sampling:
 def sample_segmentations(tokenizer: Tokenizer, texts: list[str], best: list[list[int]], sampling: Sampling,
                          seed: list[int]) -> pa.Array:
     """`sampling.segmentations` sampled segmentations of each text (a `list<list<int32>>`
-    array, one row a text), the k-th seeded by `seed` and k; one longer than
-    `sampling.max_len` is replaced by the text's best segmentation `best`."""
+    array, one row a text), the k-th drawn with a seed made of `seed` and k; one longer
+    than `sampling.max_len` is replaced by the text's best segmentation `best`."""
     per_k = [tokenizer.sample(texts, sampling.alpha, sampling.nbest,
                               int(np.random.SeedSequence([*seed, k]).generate_state(1)[0]))
              for k in range(sampling.segmentations)]

@@ -84,8 +84,10 @@ class Tokenizer:
     def sample(self, texts: list[str], alpha: float, nbest: int, seed: int) -> list[list[int]]:
         """A sampled segmentation of each text (subword regularisation): SentencePiece's
         sampling with `alpha` among the `nbest` best (-1: all) for a unigram model,
-        BPE-dropout with probability `alpha` for a BPE one. The same `seed` gives the same
-        ids: one thread, whose generator SentencePiece seeds from the seed set just before."""
+        BPE-dropout with probability `alpha` for a BPE one. SentencePiece's generator is
+        set to `seed` first, so that calls with other seeds draw other samples (each call's
+        thread starts from the seed last set); the same seed in another process does not
+        give the same samples."""
         spm.set_random_generator_seed(seed)
         return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest,
                                num_threads=1)
