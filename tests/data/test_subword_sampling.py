@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from transformer.commands.prepare import format_statistics
 from transformer.config import ConfigError, DataConfig, SubwordSamplingConfig, to_dataclass
 from transformer.data.batching import TokenBatchSampler, TokenIds
 from transformer.data.epoch_resume import continue_epoch, resumed_position
@@ -175,3 +176,12 @@ def test_a_sampled_run_resumes_with_the_same_losses(tmp_path):
 def test_a_bad_setting_is_refused_naming_its_key(key, value, rule):
     with pytest.raises(ConfigError, match=rf"^data\.subword_sampling\.{key}={value}.*{re.escape(rule)}"):
         to_dataclass(DataConfig, {"subword_sampling": {key: value}})
+
+
+def test_mt_prepare_reports_the_lengths_training_sees(on, off):
+    src, tgt = on.train_lengths()
+    assert f"subword sampling: {K} segmentations of each training pair, mean len {src.mean():.2f}" in \
+        format_statistics(on.stats)
+    assert "subword sampling" not in format_statistics(off.stats)
+    assert src.mean() > np.mean([len(ids) for ids in on.train["src_ids"]])  # sampled pieces are shorter
+    assert np.array_equal(tgt, np.repeat([len(ids) for ids in on.train["tgt_ids"]], K))

@@ -112,9 +112,13 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     prepared.phases = [(p.epochs, dict(p.corpora)) for p in cfg.phases]
     prepared.epoch_pairs = cfg.epoch_pairs
     with timer("batching"):  # batching settings are not part of the cache key
+        lengths = prepared.train_lengths()
         prepared.stats["batching"] = batching_statistics(
-            *prepared.train_lengths(), cfg.max_tokens, cfg.bucket_chunk, prepared.mixture(seed=0),
-            prepared.segmentations)
+            *lengths, cfg.max_tokens, cfg.bucket_chunk, prepared.mixture(seed=0), prepared.segmentations)
+    if prepared.segmentations > 1:  # the lengths training sees: its segmentations', not the best ones'
+        prepared.stats["subword_sampling"] = {"segmentations": prepared.segmentations,
+                                              "src_mean_len": round(float(lengths[0].mean()), 2),
+                                              "tgt_mean_len": round(float(lengths[1].mean()), 2)}
     prepared.stats["seconds"] = timer.seconds
     return prepared
 
