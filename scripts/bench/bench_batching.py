@@ -5,6 +5,7 @@ arrays read once from the Arrow buffers (`TokenIds.collate_rows`, what it does).
     python scripts/bench/bench_batching.py                      # Europarl-like, ~12k target tokens
     python scripts/bench/bench_batching.py --pairs 200000 --max-tokens 16384 --repeat 50
     python scripts/bench/bench_batching.py --segmentations 4    # with subword sampling's rows
+    python scripts/bench/bench_batching.py --prepared data/cache/prepared-<key> --max-tokens 4096
 
 The corpus is synthetic (lengths drawn like Europarl's, ~30 tokens a side, ids below 8,000),
 saved with `datasets` and loaded back memory-mapped as prepared data is. Batches are the
@@ -22,11 +23,13 @@ import json
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import datasets
 import numpy as np
 
 from transformer.data.batching import TokenBatchSampler, TokenIds, collate, padding_efficiency
+from transformer.data.prepared_cache import open_prepared
 
 PAD, BOS, EOS, VOCAB = 0, 2, 3, 8000
 
@@ -62,36 +65,55 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=30, help="batches timed")
     ap.add_argument("--pad-to-multiple", type=int, default=8)
     ap.add_argument("--segmentations", type=int, default=1, help="subword sampling's segmentations per pair")
+    ap.add_argument("--prepared", help="a prepared-data folder (data/cache/prepared-*) to time instead of "
+                                       "a synthetic corpus; its own segmentations")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        pairs = corpus(args.pairs)
-        datasets.Dataset.from_dict(pairs).save_to_disk(f"{tmp}/train")
-        dataset, samples = datasets.load_from_disk(f"{tmp}/train"), None
-        if args.segmentations > 1:
-            datasets.Dataset.from_dict(segmentations(pairs["src_ids"], args.segmentations)).save_to_disk(f"{tmp}/samples")
-            samples = datasets.load_from_disk(f"{tmp}/samples")
-        t0 = time.perf_counter()
-        ids = TokenIds(dataset, VOCAB, samples, args.segmentations)
-        read_s = time.perf_counter() - t0
-        sampler = TokenBatchSampler(*ids.lengths(), max_tokens=args.max_tokens, seed=1,
-                                    pad_to_multiple=args.pad_to_multiple, segmentations=args.segmentations)
-        sampler.batches(0)
-        t0 = time.perf_counter()
-        plan = sampler.batches(1)  # an epoch whose plan is not cached yet
-        plan_s = time.perf_counter() - t0
-        batches = [plan.rows_of(i) for i in range(min(args.repeat, len(plan)))]
-        lists = median_ms(lambda rows: collate(_rows(dataset, samples, rows, args.segmentations), PAD, BOS, EOS,
-                                               args.pad_to_multiple, VOCAB), batches)
-        arrays = median_ms(lambda rows: ids.collate_rows(rows, PAD, BOS, EOS, args.pad_to_multiple, VOCAB),
-                           batches)
-        tokens = statistics.median(int(ids.lengths()[1][rows].sum()) + len(rows) for rows in batches)
-    result = {"pairs": args.pairs, "segmentations": args.segmentations, "max_tokens": args.max_tokens,
-              "median_target_tokens": tokens, "python_lists_ms": round(lists, 2), "arrow_arrays_ms": round(arrays, 2),
-              "speedup": round(lists / arrays, 1), "token_ids_read_s": round(read_s, 2),
-              "plan_epoch_s": round(plan_s, 3), "batches_per_epoch": len(plan),
-              "pairs_per_batch": round(len(plan.rows) / len(plan), 1),
-              "padding_efficiency": round(padding_efficiency(plan, *ids.lengths()), 4)}
+        if args.prepared:
+            prepared = open_prepared(Path(args.prepared))
+            if prepared is None:
+                raise SystemExit(f"--prepared {args.prepared}: no prepared data there")
+            dataset, samples, k, vocab = prepared.train, prepared.samples, prepared.segmentations, \
+                prepared.tokenizer.vocab_size
+        else:
+            dataset, samples, k, vocab = *synthetic(tmp, args.pairs, args.segmentations), args.segmentations, VOCAB
+        result = measure(dataset, samples, k, vocab, args)
     print(json.dumps(result, indent=1))
+
+
+def synthetic(tmp: str, n: int, k: int):
+    """The synthetic corpus saved and loaded back memory-mapped, and its sources' K
+    segmentations (None for K = 1)."""
+    pairs = corpus(n)
+    datasets.Dataset.from_dict(pairs).save_to_disk(f"{tmp}/train")
+    if k == 1:
+        return datasets.load_from_disk(f"{tmp}/train"), None
+    datasets.Dataset.from_dict(segmentations(pairs["src_ids"], k)).save_to_disk(f"{tmp}/samples")
+    return datasets.load_from_disk(f"{tmp}/train"), datasets.load_from_disk(f"{tmp}/samples")
+
+
+def measure(dataset, samples, k: int, vocab: int, args) -> dict:
+    """Read the ids, plan an epoch, time the batches both ways."""
+    t0 = time.perf_counter()
+    ids = TokenIds(dataset, vocab, samples, k)
+    read_s = time.perf_counter() - t0
+    sampler = TokenBatchSampler(*ids.lengths(), max_tokens=args.max_tokens, seed=1,
+                                pad_to_multiple=args.pad_to_multiple, segmentations=k)
+    sampler.batches(0)
+    t0 = time.perf_counter()
+    plan = sampler.batches(1)  # an epoch whose plan is not cached yet
+    plan_s = time.perf_counter() - t0
+    batches = [plan.rows_of(i) for i in range(min(args.repeat, len(plan)))]
+    lists = median_ms(lambda rows: collate(_rows(dataset, samples, rows, k), PAD, BOS, EOS, args.pad_to_multiple,
+                                           vocab), batches)
+    arrays = median_ms(lambda rows: ids.collate_rows(rows, PAD, BOS, EOS, args.pad_to_multiple, vocab), batches)
+    tokens = statistics.median(int(ids.lengths()[1][rows].sum()) + len(rows) for rows in batches)
+    return {"pairs": len(dataset), "segmentations": k, "max_tokens": args.max_tokens,
+            "median_target_tokens": tokens, "python_lists_ms": round(lists, 2), "arrow_arrays_ms": round(arrays, 2),
+            "speedup": round(lists / arrays, 1), "token_ids_read_s": round(read_s, 2),
+            "plan_epoch_s": round(plan_s, 3), "batches_per_epoch": len(plan),
+            "pairs_per_batch": round(len(plan.rows) / len(plan), 1),
+            "padding_efficiency": round(padding_efficiency(plan, *ids.lengths()), 4)}
 
 
 def _rows(dataset, samples, rows, k: int) -> dict[str, list]:
