@@ -302,7 +302,7 @@ def _settings(cfg: DataConfig, location: bool = True) -> str:
     if cfg.tokenizer:  # a given vocabulary: its content counts, not the spm_* settings
         settings = {k: v for k, v in settings.items() if not k.startswith("spm_")}
         settings["tokenizer"] = given_tokenizer(cfg.tokenizer).digest
-    if cfg.subword_sampling.on:  # off, the key is what it was before sampling existed
+    if cfg.subword_sampling.on:  # off, the key holds no trace of the setting
         settings["subword_sampling"] = asdict(cfg.subword_sampling)
     return json.dumps([_PIPELINE_VERSION, TOKENIZER_RECIPE, settings], sort_keys=True)
 

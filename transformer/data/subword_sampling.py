@@ -11,7 +11,7 @@ the same worker processes as the best one and kept in the cache beside it
 `train/data.arrow`). Dev and test sets are never sampled.
 
 Training sees K rows per pair, pair-major: row `pair * K + k` holds the pair's k-th
-segmentation (`expanded_rows`), and an epoch draws its pairs as before, each pair then
+segmentation (`expanded_rows`), and an epoch draws its pairs as without sampling, each pair then
 taking segmentation `(offset[pair] + epoch) % K`, the offset drawn once per seed: a pair
 goes through all K before it sees one again, consecutive epochs never repeat one, and
 everything is a function of (seed, epoch), so a resumed run continues exactly. The
