@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (scripts/gpu/gpu_check.py has the steps; docs/training.md,
+# The GPU check in one command (scripts/gpu/gpu_check.py has the steps; docs/gpu.md,
 # "Checking a GPU", what each figure means).
 #
 #   scripts/gpu_check.sh --pack             # here, once, before a GPU is at hand: fills .gpu/

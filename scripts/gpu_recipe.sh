@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU recipe in one call: experiment=europarl_tatoeba_gpu trained for six minutes,
 # averaged and evaluated on the three test sets (scripts/gpu/gpu_recipe.py has the steps;
-# docs/training.md, "The GPU recipe in one call").
+# docs/gpu.md, "The GPU recipe in one call").
 #
 #   scripts/gpu_recipe.sh --pack              # here, once, before a GPU is at hand: fills .gpu/recipe/
 #   scripts/gpu_recipe.sh                     # on the GPU machine: $OUT/gpu_recipe.json + .log, < 9 min

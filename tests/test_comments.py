@@ -1,6 +1,6 @@
 """The package's comments and docstrings state what is true now: no history ("used to",
 "before #50", "the old pipeline") and no single machine's timings (milliseconds, "3x
-faster"), which belong in docs/results.md with their machine. Messages the code prints are
+faster"), which belong in docs/results/ with their machine. Messages the code prints are
 not comments: a warning may quote a figure."""
 
 from __future__ import annotations

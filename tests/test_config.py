@@ -80,8 +80,13 @@ def test_a_mix_names_known_corpora_with_positive_weights():
     DataConfig(name="mix", corpora={"tatoeba": 1.0, "europarl": 2.0}).validate()
     with pytest.raises(ConfigError, match=r"data.corpora=\{\}: name=mix needs corpora"):
         DataConfig(name="mix").validate()
-    with pytest.raises(ConfigError, match=r"data.corpora='files': can mix the named corpora"):
-        DataConfig(name="mix", corpora={"files": 1.0}).validate()
+    with pytest.raises(ConfigError, match=r"data.corpora='flores': can mix the corpora tatoeba, "):
+        DataConfig(name="mix", corpora={"flores": 1.0}).validate()
+    DataConfig(name="mix", corpora={"sample": 1.0, "files": 1.0}, train_src="bt.tsv").validate()
+    with pytest.raises(ConfigError, match=r"^data.train_src=None: a mix with files needs its training pairs"):
+        DataConfig(name="mix", corpora={"sample": 1.0, "files": 1.0}).validate()
+    with pytest.raises(ConfigError, match=r"^data.tgt_lang='it': must differ from data.src_lang$"):
+        DataConfig(src_lang="it", tgt_lang="it").validate()
     with pytest.raises(ConfigError, match=r"data.corpora.europarl=0.0: a weight must be > 0"):
         DataConfig(name="mix", corpora={"tatoeba": 1.0, "europarl": 0.0}).validate()
 
@@ -123,7 +128,7 @@ BAD_DECODE_SETTINGS = [
     (dict(beam_size=0), "decode.beam_size=0: must be >= 1"),
     (dict(min_len=-1), "decode.min_len=-1: must be >= 0"),
     (dict(lenpen=-0.5), "decode.lenpen=-0.5: must be >= 0"),
-    (dict(method="sampling"), "decode.method='sampling': choose greedy or beam"),
+    (dict(method="sampling"), "decode.method='sampling': choose greedy, beam or sample"),
     (dict(precision="int8"), "decode.precision='int8': choose one of auto, fp32, bf16, fp16"),
     (dict(compile="fast"), "decode.compile='fast': choose one of none, default, reduce-overhead, max-autotune"),
     (dict(sync_every=0), "decode.sync_every=0: must be >= 1"),

@@ -217,10 +217,10 @@ def test_every_page_is_in_the_sites_navigation():
 # -- every README or manual section that a comment, docstring, config or page cites is there --
 
 # `README "Training speed"`, `(README, "Training speed")`, `docs/performance.md "Decoding speed"`,
-# `(docs/training.md, "Checking a GPU")`: a page, then a quoted heading (or its start) or a
+# `(docs/gpu.md, "Checking a GPU")`: a page, then a quoted heading (or its start) or a
 # paragraph's bold lead (`**Speed and BLEU**`).
 CITED_SECTION = re.compile(r'(?<![\w/.-])(README(?:\.md)?|(?:[\w-]+/)*[\w-]+\.md)(?:,\s*|\s+)"([^"\n]+)"')
-# `docs/results.md#on-a-gpu`, `](training.md#checking-a-gpu-scriptsgpu_checksh)`: a heading's anchor
+# `docs/results/gpu.md#nvidia-h200-the-gpu-check`, `](gpu.md#checking-a-gpu-scriptsgpu_checksh)`: a heading's anchor
 CITED_ANCHOR = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.md)#([\w-]+)")
 CITING = sorted({*PAGES, *(PROJECT_ROOT / "transformer").rglob("*.py"), *(PROJECT_ROOT / "scripts").rglob("*.*"),
                  *(PROJECT_ROOT / "tests").rglob("*.py"), *CONFIG_DIR.rglob("*.yaml")}
@@ -281,10 +281,10 @@ def test_the_citation_check_tells_a_moved_section_from_a_live_one():
     assert broken_citations(here, '(README, "Training speed")') == ['README, "Training speed"']  # moved to docs/
     assert broken_citations(here, 'docs/performance.md "OMP_WAIT_POLICY" and (docs/masks.md, "Why add −∞ to '
                                   'the scores")') == []  # a bold lead; a heading's start
-    assert broken_citations(here, "docs/training.md#checking-a-gpu-scriptsgpu_checksh") == []
-    assert broken_citations(here, "docs/training.md#checking-a-gpu") == ["docs/training.md#checking-a-gpu"]
+    assert broken_citations(here, "docs/gpu.md#checking-a-gpu-scriptsgpu_checksh") == []
+    assert broken_citations(here, "docs/gpu.md#checking-a-gpu") == ["docs/gpu.md#checking-a-gpu"]
     assert broken_citations(here, 'docs/nowhere.md, "Layout"') == ['docs/nowhere.md, "Layout"']
-    assert broken_citations(PROJECT_ROOT / "docs" / "results.md", "](training.md#checking-a-gpu-scriptsgpu_checksh)") == []
+    assert broken_citations(PROJECT_ROOT / "docs" / "precision.md", "](gpu.md#checking-a-gpu-scriptsgpu_checksh)") == []
 
 
 def test_every_cited_readme_or_manual_section_exists():
@@ -347,3 +347,119 @@ def test_no_issue_number_in_the_manual_the_readme_or_the_help():
              for n, line in enumerate(text.splitlines(), 1)
              for m in pattern.finditer(line) if not line[:m.start()].rstrip().endswith("](")]
     assert found == []
+
+
+# What the extras add (pyproject.toml): none of it may be imported on the way to train,
+# translate, evaluate, average or draw the masks.
+OPTIONAL_MODULES = ("ctranslate2", "spacy", "argostranslate", "libretranslatepy", "optuna", "hydra_plugins",
+                    "submitit", "sqlalchemy", "pytest", "ruff", "mkdocs", "mkdocstrings")
+WITHOUT_EXTRAS = f"""
+import runpy, sys
+class NotInstalled:  # each finder of the interpreter, blind to the extras' modules
+    def __init__(self, finder):
+        self.finder = finder
+    def __getattr__(self, name):  # find_distributions, invalidate_caches: the finder's own
+        return getattr(self.finder, name)
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {OPTIONAL_MODULES!r}:
+            return None
+        return self.finder.find_spec(name, path, target)
+sys.meta_path[:] = [NotInstalled(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+module, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_base_install_trains_translates_and_evaluates_without_any_extra(tmp_path):
+    """`pip install -e .` is enough for the first hour: with every extra's modules unimportable,
+    mt-train, mt-translate, mt-evaluate, mt-average and mt-masks run on the sample; mt-export
+    says in one line which extra it needs."""
+    run = tmp_path / "run"
+    steps = [
+        ("train", ["debug=default", "data=sample", f"trainer.run_dir={run}", f"data.cache_dir={shared_cache()}"]),
+        ("translate", [f"checkpoint={run}", "input.text=Ciao, come stai?"]),
+        ("evaluate", [f"checkpoint={run}", "data=sample", "test_set=dev", "max_sentences=5",
+                      f"output_dir={tmp_path / 'eval'}"]),
+        ("average", [str(run), "--last", "2", "-o", str(tmp_path / "avg")]),
+        ("masks", [f"checkpoint={run}", "sentences=[Ciao]", f"output={tmp_path / 'masks.png'}"]),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
+    for module, args in steps:
+        proc = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, f"transformer.commands.{module}", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"mt-{module}: {proc.stderr[-3000:]}"
+    export = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, "transformer.commands.export",
+                             f"checkpoint={run}", f"output={tmp_path / 'export'}"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert export.returncode == 1 and 'pip install -e ".[export]"' in export.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "export").exists()
+
+
+DOCS_PAGES = sorted((PROJECT_ROOT / "docs").rglob("*.md"))
+PAGE_LIMIT = 25_000  # bytes: a page a reader can take in; measurements go to docs/results/
+
+
+def test_no_page_of_the_manual_is_above_25_kb():
+    """A page per thing a user does, short enough to read: a page that grows past the
+    limit is split by task, its measurements moved to a results page (images aside)."""
+    offenders = [f"{p.relative_to(PROJECT_ROOT)}: {p.stat().st_size:,} bytes" for p in DOCS_PAGES
+                 if p.stat().st_size > PAGE_LIMIT]
+    assert not offenders, "pages above 25 KB: split them by task:\n" + "\n".join(offenders)
+
+
+# How the work was done, not what the user gets: a past behaviour, the tracker's issue, the
+# sessions that did the work, the figures of a traceback no user sees any more.
+HISTORY = re.compile(r"\bit used to\b|\bthe issue(?:'s)?\b|\b(?:this|that|the next|the previous|no) session\b"
+                     r"|\bsession's\b|\b\d+-line traceback\b|\bits old name\b|\btoday's\b", re.IGNORECASE)
+
+
+def test_the_manual_and_the_readme_tell_no_history():
+    pages = [PROJECT_ROOT / "README.md", *DOCS_PAGES]
+    found = [f"{p.relative_to(PROJECT_ROOT)}:{n}: {line.strip()[:80]}" for p in pages
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if HISTORY.search(line)]
+    assert not found, "history in the manual:\n" + "\n".join(found)
+
+
+def test_the_history_check_tells_history_from_a_manual():
+    assert HISTORY.search("`optim.label_smoothing=1.5` (it used to train)")
+    assert HISTORY.search("the issue's targets") and HISTORY.search("a 62-line traceback")
+    assert HISTORY.search("on the next session's machine") and HISTORY.search("today's recipe")
+    assert not HISTORY.search("tests that need it build it once per session (tests/conftest.py)")
+    assert not HISTORY.search("a traceback is for bugs; the issues of a corpus are named by line")
+
+
+EXTRA = re.compile(r'\.\[([\w,-]+)\]')  # `pip install -e ".[export,docs]"`
+
+
+def test_the_install_lines_and_every_extra_named_are_real():
+    """README and the installation page give the CPU-only and the CUDA install, a line each;
+    every `.[extra]` named in the manual, the configs, the scripts, the package's messages
+    and CI exists in pyproject.toml."""
+    import tomllib
+
+    extras = set(tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    assert {"export", "serve", "docs", "dev"} <= extras
+    for page in (PROJECT_ROOT / "README.md", PROJECT_ROOT / "docs" / "installation.md"):
+        lines = code_lines(page)
+        assert any(line.startswith("pip install torch --index-url https://download.pytorch.org/whl/cpu && pip install -e . ")
+                   for line in lines), page
+        assert any(line.startswith("pip install torch && pip install -e . ") for line in lines), page
+    naming = [PROJECT_ROOT / "README.md", PROJECT_ROOT / ".ci" / "run", *DOCS_PAGES, *CONFIG_DIR.rglob("*.yaml"),
+              *(PROJECT_ROOT / "transformer").rglob("*.py"), *(PROJECT_ROOT / "scripts").rglob("*.*")]
+    unknown = [f"{p.relative_to(PROJECT_ROOT)}: .[{names}]" for p in naming if p.suffix != ".png"
+               for names in EXTRA.findall(p.read_text(encoding="utf-8")) if not set(names.split(",")) <= extras]
+    assert not unknown, "extras pyproject.toml does not have:\n" + "\n".join(unknown)
+
+
+def test_the_configuration_reference_is_the_dataclasses():
+    """docs/configuration.md is what scripts/config_reference.py writes from the dataclasses'
+    docstrings: a setting added, renamed or described anew without the page fails here."""
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "config_reference.py")],
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = (PROJECT_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert proc.stdout == page, "run: python scripts/config_reference.py > docs/configuration.md"
+    for schema in (TranslateConfig, EvaluateConfig, PrepareConfig, ExportConfig, MasksConfig):  # mt-train: the groups
+        assert f"({schema.__name__})" in page
+    assert "| `trainer.max_hours` |" in page and "| `decode.beam_size` |" in page

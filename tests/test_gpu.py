@@ -1,7 +1,7 @@
 """The CUDA path (`pytest -m gpu`; skipped without CUDA): the model, its masks, training
 steps in bf16 and fp16, search and checkpoints on a GPU agree with the CPU.
 
-scripts/gpu_check.sh runs these first whenever a GPU is at hand (docs/training.md,
+scripts/gpu_check.sh runs these first whenever a GPU is at hand (docs/gpu.md,
 "Checking a GPU"). fp32 comparisons switch TF32 off: with it a GPU matmul rounds its
 inputs to 10 mantissa bits, and CPU and GPU would differ by far more than their order of
 summation. The CPU side runs the explicit attention path, the GPU side

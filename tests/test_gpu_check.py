@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh --cpu: every step of the GPU check at toy size on a CPU, so that
-the script cannot rot between the rare times a GPU is at hand (docs/training.md,
+the script cannot rot between the rare times a GPU is at hand (docs/gpu.md,
 "Checking a GPU"). Slow (two minutes on a 2-core CPU): CI's `pytest -m slow`."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """scripts/gpu_recipe.sh --cpu: every step of the GPU recipe's one call (data, train,
 average, evaluate, export) at toy size on a CPU, so that the script cannot rot between the
-rare times a GPU is at hand (docs/training.md, "The GPU recipe in one call"). Slow (one to
+rare times a GPU is at hand (docs/gpu.md, "The GPU recipe in one call"). Slow (one to
 two minutes on a 2-core CPU): CI's `pytest -m slow`."""
 
 from __future__ import annotations

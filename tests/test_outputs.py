@@ -50,7 +50,7 @@ def template(tmp_path_factory) -> Path:
 
         export(ExportConfig(checkpoint=str(run / "checkpoints" / "best"), output=str(root / "EX"),
                             quantization="int8"))
-    except ImportError:  # no ct2 extra: the export cases skip
+    except ImportError:  # no export extra: the export cases skip
         pass
     return root
 
@@ -287,7 +287,7 @@ def test_an_average_never_takes_a_name_mt_train_tidies(home, monkeypatch, name):
 @pytest.mark.parametrize("case", INSIDE_A_RUN, ids=[c[-1] for c in INSIDE_A_RUN])
 def test_no_command_writes_inside_a_run(home, monkeypatch, case):
     """Only mt-average's checkpoint may join a run's checkpoints (`-o runs/x/checkpoints/avg`,
-    the recipe in docs/training.md): anything else there is refused, and the run resumes."""
+    the recipes in docs/recipes.md): anything else there is refused, and the run resumes."""
     main, *argv = (c.format(home=home) if isinstance(c, str) else c for c in case)
     before = snapshot(home)
     line = refused(monkeypatch, main, *argv)

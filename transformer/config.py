@@ -204,7 +204,8 @@ class DataConfig:
     """The corpus: tatoeba | europarl | iwslt2017 | opus100 | files (your own) | sample | mix."""
     corpora: dict[str, float] = field(default_factory=dict)
     """name=mix: the corpora trained on together, each with its weight, the share of
-    training pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1}."""
+    training pairs drawn from it (a small corpus is upsampled), e.g. {tatoeba: 1, europarl: 1};
+    `files` is the pairs of train_src (and dev_src), e.g. back-translations."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """name=mix: the first epochs' own weights, in order, e.g. a Tatoeba-first phase
     [{epochs: 2, corpora: {tatoeba: 1}}]; `corpora` hold after the last."""
@@ -214,7 +215,8 @@ class DataConfig:
     root: str = "../shared/data"
     """Where the named corpora lie (relative: to the project root); test sets in {root}/eval."""
     src_lang: str = "it"
-    """Source language code (the side translated from)."""
+    """Source language code (the side translated from): a named corpus's files end in it
+    (train.it), as do the test sets'; src_lang=en tgt_lang=it trains English→Italian."""
     tgt_lang: str = "en"
     """Target language code (the side translated to)."""
     train_src: str | None = None
@@ -278,17 +280,20 @@ class DataConfig:
         if self.name == "mix":
             require(bool(self.corpora), f"{prefix}.corpora", self.corpora,
                     "name=mix needs corpora to mix, e.g. {tatoeba: 1, europarl: 1}")
-            mixable = tuple(c for c in CORPORA if c != "files")
             for corpus, weight in self.corpora.items():
-                require(corpus in mixable, f"{prefix}.corpora", corpus,
-                        f"can mix the named corpora {', '.join(mixable)}")
+                require(corpus in CORPORA, f"{prefix}.corpora", corpus,
+                        f"can mix the corpora {', '.join(CORPORA)}")
                 require(weight > 0, f"{prefix}.corpora.{corpus}", weight, "a weight must be > 0")
+            require("files" not in self.corpora or bool(self.train_src), f"{prefix}.train_src",
+                    self.train_src, "a mix with files needs its training pairs (train_src)")
             self._validate_phases(prefix)
         else:
             mix_only = {"corpora": dict(self.corpora), "phases": [asdict(p) for p in self.phases],
                         "epoch_pairs": self.epoch_pairs}
             for name, value in mix_only.items():
                 require(value in (None, {}, []), f"{prefix}.{name}", value, f"only for {prefix}.name=mix")
+        require(self.src_lang != self.tgt_lang, f"{prefix}.tgt_lang", self.tgt_lang,
+                f"must differ from {prefix}.src_lang")
         positive(f"{prefix}.max_len", self.max_len)
         _at_most(f"{prefix}.max_len", self.max_len, MAX_POSITIONS)
         positive(f"{prefix}.max_len_ratio", self.max_len_ratio)
@@ -392,7 +397,7 @@ class TrainerConfig:
     compile: bool | None = False
     """torch.compile the forward and the loss; null: on for CUDA, off elsewhere. Off by
     default: on an H200 the GPU recipe's first compiled update had not finished compiling
-    after 395 s (docs/results.md, "On a GPU"), and a CPU's first compile takes minutes."""
+    after 395 s (docs/results/gpu.md, "The compiled training step"), and a CPU's first compile takes minutes."""
     seed: int = 1
     """Random seed: initial weights, batch order, dropout."""
     run_dir: str = "runs/default"
@@ -424,8 +429,8 @@ class TrainerConfig:
     diverge_after: int = 5
     """Skipped updates (inf/NaN loss or gradients) in a row before the run stops as
     diverged (in fp16, once the loss scale is below 1e-4); the last good checkpoint is kept."""
-    # 0.5: the Europarl recipe under 3 GB in bf16 at the same speed as 1.0 (docs/results.md,
-    # "Memory: the Europarl recipe's peak")
+    # 0.5: the Europarl recipe under 3 GB in bf16 at the same speed as 1.0 (docs/results/memory.md,
+    # "The heap slack and memory")
     heap_slack_gb: float | None = 0.5
     """CPU: free heap memory the process may keep before it is given back to the OS
     (glibc's malloc_trim; varied batch shapes leave holes it cannot reuse); null: never."""
@@ -456,7 +461,8 @@ class DecodeConfig:
     """Search settings for translate, evaluate and validation."""
 
     method: str = "beam"
-    """The search: greedy | beam."""
+    """The search: greedy | beam | sample (each token drawn from the model's distribution,
+    shaped by the sampling_* settings and seeded by seed)."""
     beam_size: int = 5
     """Hypotheses kept at each step (method=beam only)."""
     lenpen: float = 0.6
@@ -494,6 +500,18 @@ class DecodeConfig:
     buckets: bool | None = None
     """Finished rows leave in powers of two (few shapes for a compiled step); null: on
     where the step is compiled on a GPU."""
+    sampling_topk: int = 0
+    """method=sample: draw from the k most probable tokens only; 0: no limit; 1: greedy."""
+    sampling_topp: float = 1.0
+    """method=sample: draw from the most probable tokens whose probabilities first reach
+    this total (nucleus sampling), in (0, 1]; 1: no limit. Without sampling_topk each step
+    sorts the whole vocabulary (slow on a CPU); with it, only the k best."""
+    sampling_temperature: float = 1.0
+    """method=sample: draw the kept tokens with probability softmax(log p / T); below 1
+    sharper, above 1 flatter."""
+    seed: int = 0
+    """method=sample: the draws' seed; a sentence's translation depends on it and on its
+    place in the input (line, sentence), not on the batch it is decoded in."""
     max_tokens: int | None = None
     """The old name of batch_tokens, still accepted: moved there with a warning."""
 
@@ -511,15 +529,16 @@ class DecodeConfig:
         self.batch_tokens, self.max_tokens = self.max_tokens, None
 
     def validate(self, prefix: str = "decode") -> None:
-        require(self.method in ("greedy", "beam"), f"{prefix}.method", self.method,
-                "choose greedy or beam")
+        require(self.method in ("greedy", "beam", "sample"), f"{prefix}.method", self.method,
+                "choose greedy, beam or sample")
         positive(f"{prefix}.beam_size", self.beam_size)
         _at_most(f"{prefix}.beam_size", self.beam_size, MAX_BEAM_SIZE)
         positive(f"{prefix}.lenpen", self.lenpen, minimum=0)
         positive(f"{prefix}.nbest", self.nbest)
-        if self.method == "greedy":
+        if self.method != "beam":
             require(self.nbest == 1, f"{prefix}.nbest", self.nbest,
-                    "greedy search gives one hypothesis: use decode=beam for an n-best list")
+                    f"{'greedy search' if self.method == 'greedy' else 'sampling'} gives one "
+                    "hypothesis: use decode=beam for an n-best list")
         else:
             require(self.nbest <= self.beam_size, f"{prefix}.nbest", self.nbest,
                     f"cannot exceed {prefix}.beam_size={self.beam_size}")
@@ -541,6 +560,12 @@ class DecodeConfig:
                 f"choose one of {', '.join(PRECISIONS)}")
         require(self.compile in COMPILE_MODES, f"{prefix}.compile", self.compile,
                 f"choose one of {', '.join(COMPILE_MODES)}")
+        positive(f"{prefix}.sampling_topk", self.sampling_topk, minimum=0)
+        require(0 < self.sampling_topp <= 1, f"{prefix}.sampling_topp", self.sampling_topp,
+                "must be in (0, 1]")
+        require(self.sampling_temperature > 0, f"{prefix}.sampling_temperature",
+                self.sampling_temperature, "must be > 0")
+        positive(f"{prefix}.seed", self.seed, minimum=0)
         positive(f"{prefix}.sync_every", self.sync_every, optional=True)
         if self.sync_every is not None:
             _at_most(f"{prefix}.sync_every", self.sync_every, MAX_SYNC_EVERY)

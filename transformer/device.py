@@ -46,7 +46,7 @@ def keep_large_blocks_in_the_heap() -> bool:
     By default glibc maps every block over 32 MiB afresh and unmaps it when freed, so each
     (tokens, vocabulary) tensor of a CPU training step (4k tokens x 8k pieces x 4 bytes =
     131 MB) page-faults its memory in again, which slows `log_softmax` on such a tensor and
-    the training step on a CPU (docs/performance.md, "Earlier measurements", has both timed).
+    the training step on a CPU (docs/results/training-speed.md, "Why the step is built so", has both timed).
     The price is that the process keeps what
     it freed: training pairs this with a `HeapTrimmer`. Used on CPU only, after the data is
     prepared; returns whether it applied (glibc's `mallopt`).
@@ -55,7 +55,7 @@ def keep_large_blocks_in_the_heap() -> bool:
     on glibc returns nothing by itself, so what preparation freed (SentencePiece's trainer,
     the encoding's buffers) would otherwise stay under every later peak (0.15 GB above a
     warm-cache start after the Europarl recipe's cold preparation, 0.07 GB with it; AMD
-    EPYC Zen 3, docs/results.md "Memory: the Europarl recipe's peak").
+    EPYC Zen 3, docs/results/memory.md "The Europarl recipe's peak").
     """
     libc = _glibc()
     if libc is None:
@@ -107,7 +107,7 @@ class HeapTrimmer:
     model, 2 threads) the training process grew from 1.1 GB after the first update to 4.5
     GB after 150 with varied shapes, and stayed at 1.4 GB with one fixed shape; a
     `malloc_trim` brought it back to 0.9 GB at any point, so the growth is free memory,
-    not data (docs/performance.md, "Memory"). Trimming every update costs a
+    not data (docs/results/memory.md, "The heap slack and memory"). Trimming every update costs a
     page fault for every page the next step touches again; with a slack above one step's
     working set it trims rarely. `slack_gb=None` never trims.
     """
@@ -167,7 +167,7 @@ def cpu_bf16_support() -> tuple[bool, str]:
 
     Native: AMX or AVX512-BF16 on x86 (Intel Sapphire Rapids and later, AMD Zen 4 and
     later), the BF16 extension on Arm. Without them torch's CPU autocast emulates bf16,
-    which is not faster than fp32 but far slower (docs/training.md, "Mixed precision").
+    which is not faster than fp32 but far slower (docs/precision.md, "Mixed precision").
     `MT_CPU_BF16=0` in the environment answers "not native" on any CPU, so that `auto`
     means fp32 everywhere (reproducible runs across CPU kinds; the test suite sets it).
     """
@@ -205,7 +205,7 @@ def describe_cpu() -> str:
     return f"{_cpu_model_name()}, {features} ({'native' if native else 'no native'} bf16)"
 
 
-# The message's figures and their machine: docs/training.md, "Mixed precision".
+# The message's figures and their machine: docs/results/training-precision.md, "Emulated bf16".
 _EMULATED_BF16_COST = "about 30x slower than fp32 (65 s against 2.0 s per update of the " \
                       "tatoeba_cpu recipe on an AVX2-only AMD EPYC)"
 

@@ -1,7 +1,7 @@
 """The GPU path in one command: the device, the CUDA tests, training speed against
 `nn.Transformer`, a short real run, `torchrun` (NCCL) with resume, and decoding, every
 figure into one JSON file. Run it through scripts/gpu_check.sh, which prepares the
-environment (docs/training.md, "Checking a GPU"):
+environment (docs/gpu.md, "Checking a GPU"):
 
     scripts/gpu_check.sh --pack            # here, before a GPU is at hand: fills .gpu/
     scripts/gpu_check.sh                   # on the GPU machine: $OUT/gpu_check.json and .log
@@ -115,7 +115,7 @@ GPU = Plan(
     bench_steps=6,
     train_model="base",
     # Pre-norm: the paper's post-norm base with this short warm-up diverged on an H200 (at
-    # update ~820 of the first check, docs/results.md "On a GPU"); it needs the paper's
+    # update ~820 of the first check, docs/results/gpu.md "A short run, post-norm against pre-norm"); it needs the paper's
     # 4,000 warm-up updates, more than this run makes. 12k-token batches (~1,400 pairs).
     train_overrides=["model.pre_norm=true", "data.max_tokens=12288", "optim.lr=7e-4",
                      "optim.warmup_steps=500", "trainer.val_every=100000",
@@ -143,7 +143,7 @@ CPU = Plan(
     test_file="data/sample/dev.it",
     matmul_n=256,
     bench_models=["tiny"],
-    bench_compile_models=[],  # compiling takes minutes on a 2-core CPU (docs/results.md has it measured)
+    bench_compile_models=[],  # compiling takes minutes on a 2-core CPU (docs/results/training-speed.md has it measured)
     bench_precisions=["fp32", "bf16"],
     bench_max_tokens=256,
     bench_steps=2,

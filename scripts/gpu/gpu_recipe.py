@@ -2,7 +2,7 @@
 minutes, averaged, evaluated with beam 5 on the three test sets, and (where ctranslate2 is
 installed) exported to int8 and evaluated on the CPU; every figure into one JSON file. Run
 it through scripts/gpu_recipe.sh, which packs what the GPU machine lacks and installs it
-there (docs/training.md, "The GPU recipe in one call"):
+there (docs/gpu.md, "The GPU recipe in one call"):
 
     scripts/gpu_recipe.sh --pack              # here, before a GPU is at hand: fills .gpu/recipe/
     scripts/gpu_recipe.sh                     # on the GPU machine: $OUT/gpu_recipe.json and .log

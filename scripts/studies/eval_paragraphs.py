@@ -23,7 +23,7 @@ so any figure can be checked with sacrebleu or again with mt-evaluate:
     mt-evaluate checkpoint=CKPT "test_set='outputs/paragraphs/europarl-dev.para.it,outputs/paragraphs/europarl-dev.para.en'" decode.split_sentences=false
 
 A CTranslate2 export in fp32 (`mt-export quantization=none`) translates exactly as its
-checkpoint does, faster (docs/deploying.md): the figures in docs/results.md were made so.
+checkpoint does, faster (docs/deploying.md): the figures in docs/results/documents.md were made so.
 """
 
 from __future__ import annotations

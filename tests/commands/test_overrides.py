@@ -36,7 +36,7 @@ def test_a_corpus_is_added_to_a_mix_without_a_plus_and_a_bad_one_is_named():
     assert cfg.data.corpora == {"europarl": 1.0, "tatoeba": 1.0, "opus100": 2.0}
     cfg = composed(TrainConfig, "data=europarl_tatoeba", "data.corpora={tatoeba: 1, opus100: 1}")
     assert cfg.data.corpora == {"tatoeba": 1.0, "opus100": 1.0}
-    with pytest.raises(ValueError, match=r"data.corpora='nope': can mix the named corpora"):
+    with pytest.raises(ValueError, match=r"data.corpora='nope': can mix the corpora"):
         composed(TrainConfig, "data=europarl_tatoeba", "data.corpora.nope=1")
 
 

@@ -408,8 +408,8 @@ class OpsAndBytes(TorchDispatchMode):
 def test_a_decoder_step_dispatches_a_bounded_number_of_ops_and_its_bytes_do_not_grow(
         tiny_model, method, monkeypatch):
     """On the path a GPU runs (SDPA, the weights in bf16): the step of a 2-layer decoder
-    dispatches at most 16 ops a layer plus a fixed few for the search (docs/results.md,
-    "A decoder step of fixed shape"), and once the rows stop changing, every step
+    dispatches at most 16 ops a layer plus a fixed few for the search (docs/results/decoding-speed.md,
+    "Ops and bytes a step"), and once the rows stop changing, every step
     allocates the same bytes."""
     set_attention_path(tiny_model, True)
     monkeypatch.setattr(type(tiny_model), "_check_ids", _no_reads_check_ids)

@@ -96,7 +96,7 @@ def test_a_score_is_its_token_scores_over_the_length_penalty(ending, keywords):
 def test_in_bf16_a_score_is_its_token_scores_within_bf16s_rounding(ending, keywords):
     """What `auto` gives on a GPU and a bf16 CPU (named here): the search's step and the
     forced pass may round apart in bf16, so the scores agree to bf16's 8 significant
-    bits, 2**-8 of the score (as docs/decoding.md's `close` allows), not to fp32's 1e-4."""
+    bits, 2**-8 of the score (as docs/python-api.md's `close` allows), not to fp32's 1e-4."""
     translator = Translator.load(ending, precision="bf16", dtype="bf16")
     assert {p.dtype for p in translator.model.parameters()} == {torch.bfloat16}
     check_tokens(translator, keywords, keywords.get("lenpen", 0.6), tol=dict(abs=2**-8, rel=2**-8))

@@ -46,6 +46,8 @@ SETTINGS = {
              dict(beam_size=3, max_len_a=0, max_len_b=5)),
     "unsplit": (["decode=greedy", "decode.max_len_b=6", "decode.split_sentences=false"],
                 dict(method="greedy", max_len_b=6, split_sentences=False)),
+    "sample": (["decode=sample", "decode.seed=4", "decode.sampling_topp=0.9", "decode.max_len_b=6"],
+               dict(method="sample", seed=4, sampling_topp=0.9, max_len_b=6)),
 }
 
 
@@ -197,9 +199,10 @@ def test_a_bad_setting_is_mt_translates_config_error_naming_the_keyword(checkpoi
     refused = {
         "nbest": (dict(nbest=4, beam_size=3), r"^nbest=4: cannot exceed beam_size=3$"),
         "greedy": (dict(nbest=2, method="greedy"), r"^nbest=2: .* use method='beam' for an n-best"),
-        "method": (dict(method="beamm"), r"^method='beamm': choose greedy or beam$"),
+        "method": (dict(method="beamm"), r"^method='beamm': choose greedy, beam or sample$"),
         "type": (dict(max_len_b="six"), r"^max_len_b: Value 'six' .* could not be converted"),
         "finite": (dict(lenpen=float("nan")), r"^lenpen=nan: must be a finite number$"),
+        "topp": (dict(method="sample", sampling_topp=0), r"^sampling_topp=0.0: must be in \(0, 1\]$"),
         "unknown": (dict(beam=3), r"^beam: not a decode setting; the settings are method, "),
         "precision": (dict(precision="fp16"), r"^precision='fp16' needs CUDA .* use precision='auto'"),
     }
@@ -539,7 +542,7 @@ def test_an_exports_translation_scores_the_same_both_ways(words, keywords, tmp_p
 
 # --- the examples of the README and the manual run verbatim ----------------------------
 
-EXAMPLE_PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "docs" / "decoding.md"]
+EXAMPLE_PAGES = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "docs" / "python-api.md"]
 
 
 def translator_examples(page: Path) -> str:
@@ -558,7 +561,7 @@ def test_the_translator_examples_run_verbatim(page, precision, words, monkeypatc
     code = translator_examples(page)
     for needed in ("return_scores=True", "nbest=3", "translate_iterable(", ".score("):
         assert needed in code, f"{page.name} shows no {needed}"
-    if page.name == "decoding.md":  # and #59's features
+    if page.name == "python-api.md":  # and the manual's fuller examples
         for needed in ("t.token_scores", "return_attention=True", "return_tokens=True",
                        "target_prefix=", "no_repeat_ngram_size=", "max_batch_size=",
                        "ThreadPoolExecutor", "dtype="):
@@ -571,14 +574,14 @@ def test_the_translator_examples_run_verbatim(page, precision, words, monkeypatc
     exec(compile(code, str(page), "exec"), found)
     held = {p.dtype for p in found["translator"].model.parameters()}
     assert held == {torch.bfloat16 if precision == "bf16" else torch.float32}
-    top3 = found["top3"] if page.name == "decoding.md" else found["top3"][0]  # one line's
+    top3 = found["top3"] if page.name == "python-api.md" else found["top3"][0]  # one line's
     assert isinstance(found["best"][0], Translation) and len(top3) == 3
 
 
 def test_a_busy_machine_without_a_wait_policy_gets_no_advice_from_the_library(words, monkeypatch, caplog):
     """The OpenMP wait policy is the process's, which a library does not own: on a busy
     machine without OMP_WAIT_POLICY, loading and translating say nothing about it (the
-    mt-* commands set it; docs/decoding.md, "Nothing process-wide", advises the user)."""
+    mt-* commands set it; docs/python-api.md, "Nothing process-wide", advises the user)."""
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with caplog.at_level(logging.DEBUG):
@@ -599,9 +602,9 @@ def test_max_batch_size_caps_the_sentences_of_a_batch_and_changes_no_result(word
     rows = []
     real = search_module.search
 
-    def spy(model, src_ids, cfg, prefixes=None):
+    def spy(model, src_ids, cfg, prefixes=None, keys=None):
         rows.append(src_ids.size(0))
-        return real(model, src_ids, cfg, prefixes)
+        return real(model, src_ids, cfg, prefixes, keys)
 
     monkeypatch.setattr(text_module, "search", spy)
     translator = Translator.load(words, beam_size=3, **SHORT)

@@ -380,7 +380,7 @@ def test_export_config_names_its_keys():
 
 def test_without_ctranslate2_the_commands_say_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails
-    with pytest.raises(ConfigError, match=r"mt-export needs ctranslate2.*pip install -e \"\.\[ct2\]\""):
+    with pytest.raises(ConfigError, match=r"mt-export needs ctranslate2.*pip install -e \"\.\[export\]\""):
         export(ExportConfig(checkpoint="ckpt", output=str(tmp_path / "out")))
     (tmp_path / "export.json").write_text("{}")
     with pytest.raises(ConfigError, match="an exported model needs ctranslate2"):
@@ -476,3 +476,34 @@ def test_the_quick_starts_checkpoint_and_its_fp32_export_translate_alike_by_defa
         outputs[model] = capsys.readouterr().out.splitlines()
     assert len(outputs["exports/run"]) == len(read_lines(SAMPLE / "dev.it"))
     assert outputs["run/checkpoints/best"] == outputs["exports/run"]
+
+
+def test_sampling_settings_reach_ctranslate2_by_their_names(tokenizer, lines, tmp_path):
+    """Each of top-k 1, a tiny top-p and a tiny temperature makes sampling greedy: so each
+    reaches CTranslate2; the seed reproduces the draws in a new CT2Model (one worker); a
+    sampled hypothesis is scored as the model scores it (our model's log-probabilities)."""
+    model = tiny_model(tokenizer.vocab_size, False, True)
+    path = export_model(model, tokenizer, tmp_path)[1]
+    ct2 = CT2Model(path, threads=1)
+    base = dict(min_len=0, lenpen=0.0, batch_tokens=200)
+
+    def texts(ct2_or_ours, **settings) -> list[str]:
+        cfg = DecodeConfig(**{**base, **settings})
+        return [h[0][0] for h in decoding.translate_nbest(ct2_or_ours, tokenizer, lines, cfg)]
+
+    greedy = texts(ct2, method="greedy")
+    assert texts(ct2, method="sample", sampling_topk=1, seed=3) == greedy
+    assert texts(ct2, method="sample", sampling_topp=1e-6, seed=3) == greedy
+    assert texts(ct2, method="sample", sampling_temperature=1e-4, seed=3) == greedy
+    drawn = texts(CT2Model(path, threads=1), method="sample", seed=3)
+    assert drawn != greedy
+    assert texts(CT2Model(path, threads=1), method="sample", seed=3) == drawn
+    assert texts(CT2Model(path, threads=1), method="sample", seed=4) != drawn
+    assert texts(ct2, method="sample", seed=3) != texts(ct2, method="sample", seed=3)  # draws go on
+    cfg = DecodeConfig(method="sample", seed=3, **base)
+    units: list[decoding.Unit] = []
+    found = decoding.translate_nbest(ct2, tokenizer, lines, cfg, units=units)
+    ours = [0.0] * len(lines)
+    for unit, lp in zip(units, our_log_probs(model, [u.src for u in units], [u.hyps[0] for u in units])):
+        ours[unit.line] += sum(lp)
+    assert max(abs(h[0][1] - s) for h, s in zip(found, ours)) < 1e-3

@@ -70,7 +70,7 @@ def model(tmp_path_factory):
     changes scores by float rounding only, so its answers can be compared with translating
     each line alone. int8 (the script's default for a checkpoint, run in
     test_nothing_leaves_the_machine) can turn such a rounding into another hypothesis where
-    scores nearly tie, as Argos's own batches can (tests/deploy/test_serving.py, docs/deploying.md)."""
+    scores nearly tie, as Argos's own batches can (tests/deploy/test_serving.py, docs/serving.md)."""
     tmp = tmp_path_factory.mktemp("serve")
     run(tmp / "run")
     ckpt = tmp / "run" / "checkpoints" / "best"

@@ -197,7 +197,7 @@ def test_batched_results_equal_each_sentence_translated_alone(tmp_path):
     into chunks, come back as translating each one alone gives them. In fp32 a batch's
     padding changes scores by float rounding only; int8 can turn such a difference into
     another hypothesis where scores nearly tie (as Argos's own batches can): see
-    docs/deploying.md."""
+    docs/serving.md."""
     ctranslate2 = pytest.importorskip("ctranslate2")
     spm = pytest.importorskip("sentencepiece")
     from transformer.commands.export import export

@@ -32,13 +32,15 @@ from pathlib import Path
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer import outputs
-from transformer.checkpoint import CHECKPOINTS, find_checkpoint
+from transformer.checkpoint import CHECKPOINTS, RUN_CFG, find_checkpoint
 from transformer.commands import cli
 from transformer.config import (
+    ConfigError,
     DataConfig,
     DecodeConfig,
     at_most_workers,
@@ -85,7 +87,8 @@ class EvaluateConfig:
     """A progress bar on stderr."""
     data: DataConfig = field(default_factory=DataConfig)
     """The data group: where test sets live ({data.root}/eval) and which corpus `dev` and
-    `test` mean."""
+    `test` mean; their sides are the checkpoint's languages (an export: data.src_lang and
+    data.tgt_lang)."""
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     """The search: the decode group."""
 
@@ -154,9 +157,40 @@ def _inputs(cfg: EvaluateConfig) -> list[str | None]:
     return [cfg.checkpoint, *pair]
 
 
+def trained_direction(checkpoint: str | Path) -> tuple[str, str] | None:
+    """(src_lang, tgt_lang) of the run a checkpoint comes from (its config.yaml); None for
+    an export or a checkpoint saved without a run config."""
+    path = Path(checkpoint) / RUN_CFG
+    try:
+        data = OmegaConf.load(path).get("data") if path.is_file() else None
+    except (OSError, ValueError, OmegaConfBaseException):  # unreadable: the data group's sides
+        return None
+    if not data or "src_lang" not in data or "tgt_lang" not in data:
+        return None
+    return str(data.src_lang), str(data.tgt_lang)
+
+
+def with_direction(cfg: EvaluateConfig) -> EvaluateConfig:
+    """cfg with the test set's sides the checkpoint's: an en→it model is scored on the
+    English sources and Italian references of a named set, `dev` or `test`. A direction set
+    in data.src_lang/tgt_lang that is not the default and not the model's is refused."""
+    trained = trained_direction(cfg.checkpoint)
+    given = (cfg.data.src_lang, cfg.data.tgt_lang)
+    if trained is None or trained == given:
+        return cfg
+    if given != (DataConfig.src_lang, DataConfig.tgt_lang):
+        raise ConfigError(f"data.src_lang={given[0]} data.tgt_lang={given[1]}: the checkpoint "
+                          f"translates {trained[0]}→{trained[1]}; leave them out to score it so")
+    log.info("the checkpoint translates %s→%s: the test set's sources are .%s, its references .%s",
+             *trained, *trained)
+    return dataclasses.replace(cfg, data=dataclasses.replace(
+        cfg.data, src_lang=trained[0], tgt_lang=trained[1]))
+
+
 def evaluate(cfg: EvaluateConfig) -> dict:
     """Translate and score `cfg.test_set`; write hypotheses, references and the report."""
     cfg = dataclasses.replace(cfg, checkpoint=str(find_checkpoint(cfg.checkpoint)))  # a run: its best
+    cfg = with_direction(cfg)  # the model's sides of the test set
     files = output_files(cfg)
     src, refs = load_test_set(cfg.test_set, cfg.data)  # before the model: a bad set costs nothing
     if cfg.max_sentences is not None:

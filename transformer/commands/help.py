@@ -171,6 +171,55 @@ def help_text(prog: str, config_name: str, schema: type, overrides: list[str],
     return "\n".join(lines) + "\n"
 
 
+def reference_markdown(groups: type, commands: dict[str, type]) -> str:
+    """docs/configuration.md: the settings of each config group of `groups` (TrainConfig:
+    model, data, optim, trainer, decode), then each command's own, as Markdown tables of
+    key, type, the dataclass's default and its description."""
+    group_of = {nested_dataclass(groups, f.name): f.name for f in dataclasses.fields(groups)}
+    out = [REFERENCE_HEAD]
+    for cls, name in group_of.items():
+        out += [f"## `{name}` ({cls.__name__})", "", *_table(settings(cls, OmegaConf.structured(cls), f"{name}.")), ""]
+    for prog, schema in commands.items():
+        fields = {f.name: nested_dataclass(schema, f.name) for f in dataclasses.fields(schema)}
+        shared = [(group_of[cls], cls.__name__) for cls in fields.values() if cls in group_of]
+        rows = [s for s in settings(schema, OmegaConf.structured(schema))
+                if fields[s.key.split(".")[0]] not in group_of]
+        out += [f"## `{prog}` ({schema.__name__})", ""]
+        if shared:
+            links = ", ".join(f"[`{g}`](#{g}-{cls.lower()})" for g, cls in shared)
+            out += [f"It reads the config group{'s' if len(shared) > 1 else ''} {links}"
+                    + (", and these settings of its own:" if rows else ", and no setting of its own."), ""]
+        out += [*_table(rows), ""] if rows else []
+    return "\n".join(out).rstrip() + "\n"
+
+
+REFERENCE_HEAD = """# Configuration reference
+
+Every setting of every `mt-*` command: its key, its type, its default as the dataclass
+defines it, and its description, from the docstrings in `transformer/config.py` and the
+commands' own configs: the text `mt-<command> --help` prints. `mt-train` reads the five
+config groups below (`model`, `data`, `optim`, `trainer`, `decode`); the other commands
+read some of them and settings of their own. A preset or a recipe changes some defaults
+(`model=base`, `experiment=tatoeba_cpu`); `--help` beside it shows the values it composes
+to: `mt-train --help experiment=tatoeba_cpu`. A key is set on the command line as
+`KEY=VALUE` ([Train a model](training.md#settings-groups-presets-and-overrides)).
+
+This page is generated, `python scripts/config_reference.py > docs/configuration.md`, and a
+test fails when it differs from the dataclasses.
+"""
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: a `|` escaped."""
+    return text.replace("|", "\\|")
+
+
+def _table(rows: list[Setting]) -> list[str]:
+    """A Markdown table of `rows`: key, type, default, description."""
+    return ["| key | type | default | description |", "|---|---|---|---|",
+            *(f"| `{s.key}` | {_cell(s.type)} | `{_cell(s.default)}` | {_cell(s.doc)} |" for s in rows)]
+
+
 COMMAND_START = ("mt-", "echo ", "torchrun ", "python ")  # an example line's first word
 
 

@@ -135,7 +135,7 @@ def _pad(
     [offset, offset + len_i). width is max_len + extra rounded up to `multiple`.
 
     Vectorised in numpy (one boolean-mask assignment): a Python loop over rows, or the same
-    in torch with its thread pool, is far slower (docs/results.md, "Figures behind the
+    in torch with its thread pool, is far slower (docs/results/code-figures.md, "Figures behind the
     code's choices").
     """
     if vocab_size is not None and flat.size and (flat.min() < 0 or flat.max() >= vocab_size):

@@ -102,7 +102,7 @@ def shards(names: list[str], sampled: bool = False) -> list[str]:
 
 
 def sha256(path: Path) -> str:
-    """A file's SHA-256 (a shard's cost on the Europarl recipe's cache: docs/results.md)."""
+    """A file's SHA-256 (a shard's cost on the Europarl recipe's cache: docs/results/memory.md)."""
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 

@@ -34,7 +34,7 @@ from transformer.decoding.ct2_model import EXPORT_INFO, is_export
 # the keywords `load` and `translate` take; `max_tokens`, the old name of `batch_tokens`, too
 SETTINGS = tuple(f.name for f in fields(DecodeConfig) if f.name != "max_tokens")
 
-_METHOD = re.compile(r"\bdecode=(greedy|beam)\b")  # mt-translate's preset: the method
+_METHOD = re.compile(r"\bdecode=(greedy|beam|sample)\b")  # mt-translate's preset: the method
 _KEY = re.compile(r"\bdecode\.(\w+)")
 _BARE = re.compile(r"\b(method|precision)=([A-Za-z]\w*)")  # a str value the message left unquoted
 

@@ -21,6 +21,18 @@ How a DecodeConfig becomes `Translator.translate_batch` arguments:
   forced EOS whose log-probability counts in its score; CTranslate2 stops it without one,
   so we add that log-probability (`score_batch`, on those of them that can still rank
   among the n-best).
+- method=sample: beam_size=1 and decode.sampling_topk, sampling_topp and
+  sampling_temperature as CTranslate2's options of the same names (our sampling_topk=0,
+  the whole vocabulary, is CTranslate2's 0 too). decode.seed: CTranslate2's workers seed
+  their generators once, when they start, from `ctranslate2.set_random_seed`; so a
+  sampling call runs on a translator of its own, made after setting the seed and kept
+  for later calls with the same seed (`_engine`), whose draws go on where the last
+  stopped. The same input with the same seed and settings, in a new process (or a new
+  CT2Model), gives the same translations with one worker (`threads=1`); with several,
+  which worker takes which sub-batch can change from run to run, and so can the draws.
+  They are not the draws `sampling.py` makes for our model, and they depend on the
+  batches. A sampled hypothesis is scored again by teacher forcing (as with a prefix),
+  so that its score is the model's log-probability of its tokens, as for our model.
 - decode.min_len -> min_decoding_length (EOS forbidden before min_len tokens).
 - decode.lenpen: CTranslate2 divides by |y| ** alpha (|y| without EOS), search.py by
   GNMT's ((5 + |y|) / 6) ** alpha (|y| with EOS). Neither search looks at the penalty
@@ -74,7 +86,7 @@ CT2_FILES = ("model.bin", "config.json", "shared_vocabulary.json")
 DEFAULT_CPU_THREADS = 2
 # On a CPU the threads run as that many single-threaded workers (CTranslate2's inter_threads)
 # on sub-batches of this many source tokens, which decodes faster on a 2-core CPU than one
-# 2-thread worker on the same or larger batches (docs/deploying.md, "Speed and BLEU", has
+# 2-thread worker on the same or larger batches (docs/results/code-figures.md has
 # the figures).
 CPU_SUB_BATCH_TOKENS = 500
 NO_EARLY_EXIT = 1e-6  # a beam length_penalty that turns CTranslate2's early exit off
@@ -94,7 +106,7 @@ def require_ctranslate2(what: str):
         import ctranslate2
     except ImportError:
         raise ConfigError(f"{what} needs ctranslate2, an optional dependency: "
-                          "pip install -e \".[ct2]\"") from None
+                          "pip install -e \".[export]\"") from None
     return ctranslate2
 
 
@@ -165,18 +177,35 @@ class CT2Model:
         on_cpu = self.device.type == "cpu"
         self.sub_batch = CPU_SUB_BATCH_TOKENS if on_cpu else 0  # 0: the whole call at once
         try:
-            self.translator = ct2.Translator(str(self.path), device=self.device.type,
-                                             device_index=self.device.index or 0,
-                                             compute_type="default",
-                                             inter_threads=threads if on_cpu else 1,
-                                             intra_threads=1 if on_cpu else threads)
+            self.translator = self._translator()
             self.pieces: list[str] = json.loads((self.path / "shared_vocabulary.json").read_text())
         except (RuntimeError, ValueError, OSError) as e:  # a truncated model.bin, a damaged or missing file
             raise ConfigError(f"export {self.path} is corrupt or incomplete ({' '.join(str(e).split())}): "
                               "export the checkpoint again with mt-export") from None
+        self._sampling: tuple[int, object] | None = None  # (seed, its translator): `_engine`
         self.piece_ids = {piece: i for i, piece in enumerate(self.pieces)}
         workers = f"{threads} workers x 1 thread" if on_cpu else f"{threads or 'default'} threads"
         self.engine = f"ctranslate2 {ct2.__version__}, {self.translator.compute_type}, {workers}"
+
+    def _translator(self):
+        """A `ctranslate2.Translator` of the export: on a CPU `threads` single-threaded workers."""
+        ct2 = require_ctranslate2("an exported model")
+        on_cpu = self.device.type == "cpu"
+        return ct2.Translator(str(self.path), device=self.device.type,
+                              device_index=self.device.index or 0, compute_type="default",
+                              inter_threads=self.threads if on_cpu else 1,
+                              intra_threads=1 if on_cpu else self.threads)
+
+    def _engine(self, cfg: DecodeConfig):
+        """The translator that runs `cfg`: for sampling, one made after
+        `ctranslate2.set_random_seed(cfg.seed)` (a worker seeds its generator once, when
+        it starts) and kept for later calls with that seed, whose draws continue its streams."""
+        if cfg.method != "sample":
+            return self.translator
+        if self._sampling is None or self._sampling[0] != cfg.seed:
+            require_ctranslate2("an exported model").set_random_seed(cfg.seed)
+            self._sampling = (cfg.seed, self._translator())
+        return self._sampling[1]
 
     def _pieces(self, ids: list[int]) -> list[str]:
         return [self.pieces[i] for i in ids if i != self.cfg.pad_id]
@@ -226,7 +255,7 @@ class CT2Model:
             groups.append((rows, limit, self._submit([src[i] for i in rows], limit, cfg, prefix)))
         for rows, limit, pending in groups:
             found = [p.result() for p in pending]
-            exact = prefixes is not None or cfg.no_repeat_ngram_size > 0
+            exact = prefixes is not None or cfg.no_repeat_ngram_size > 0 or cfg.method == "sample"
             for i, hyps in zip(rows, self._nbest([src[i] for i in rows], found, limit, cfg, exact),
                                strict=True):
                 results[i] = hyps
@@ -238,8 +267,11 @@ class CT2Model:
         sub-batches the workers share)."""
         k, lp = _width_and_lenpen(cfg)
         target_prefix = None if prefix is None else [self._pieces(p) if p else None for p in prefix]
-        return self.translator.translate_batch(
-            [self._pieces(s) for s in src], target_prefix, beam_size=k,
+        sampling = {} if cfg.method != "sample" else {
+            "sampling_topk": cfg.sampling_topk, "sampling_topp": cfg.sampling_topp,
+            "sampling_temperature": cfg.sampling_temperature}
+        return self._engine(cfg).translate_batch(
+            [self._pieces(s) for s in src], target_prefix, beam_size=k, **sampling,
             no_repeat_ngram_size=cfg.no_repeat_ngram_size, num_hypotheses=k, length_penalty=lp,
             max_decoding_length=limit, min_decoding_length=cfg.min_len,
             max_input_length=self.cfg.max_positions, return_scores=True,

@@ -1,4 +1,5 @@
-"""Batched greedy and beam search on the model's incremental decoding cache.
+"""Batched greedy and beam search on the model's incremental decoding cache (and sampling,
+greedy search's loop with each token drawn: `sampling.py`).
 
 Shapes: B batch (sentences), S source length, K beam size, A live sentences, W beams per
 live sentence (1 at the first step, then K), R = A*W rows, V vocabulary.
@@ -13,10 +14,10 @@ still live; and once per batch before the steps (the shortest length limit) and 
 them (the hypotheses). Everything else stays on the device: the history (each row's token
 and the row it extends) and the finished candidates' scores go into `finished.Finished`'s
 buffers, the rows to keep are found by a stable sort of the done flags, and the batch's
-hypotheses are read back in one transfer when it is done (docs/decoding.md, "On the
+hypotheses are read back in one transfer when it is done (docs/search.md, "On the
 device"). fairseq and CTranslate2 read more, each of them once a step (fairseq's
 finalized candidates, CTranslate2's top-k); what a step writes and allocates here follows
-them instead (docs/decoding.md, "A step of fixed shape").
+them instead (docs/search.md, "A step of fixed shape").
 
 Conventions shared by both searches (fairseq's, with the GNMT length penalty):
 - A `Hypothesis` holds the output tokens without BOS and EOS. Its score is the sum of
@@ -53,6 +54,7 @@ from transformer.config import DecodeConfig
 from transformer.decoding.constraints import ConstrainedSteps, Constraints
 from transformer.decoding.decoder_state import DecoderState
 from transformer.decoding.finished import Finished, Hypothesis, length_penalty
+from transformer.decoding.sampling import Sampler
 
 __all__ = ["Hypothesis", "beam_search", "best_continuations", "greedy_search", "length_penalty",
            "logsumexp", "max_lengths", "search"]
@@ -71,11 +73,11 @@ BUCKETS = {"cuda"}
 
 # exp() of arguments below about -87 gives denormal or zero floats, which x86 CPUs compute
 # on a slow path: once a model is confident most of its (N, V) log-probabilities are that
-# small, and a loss built on torch.logsumexp slows down as the model learns (docs/performance.md,
-# "Earlier measurements"). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps
+# small, and a loss built on torch.logsumexp slows down as the model learns (docs/results/training-speed.md,
+# "Why the step is built so"). exp(-60) ~ 1e-26 is zero for these purposes; clamping there keeps
 # every exp in normal floats (`logsumexp`, which the forced scoring pass of
 # `decoding/tokens.py` takes). The search's step takes PyTorch's vectorised log_softmax, as
-# the loss (training/loss.py) does, which does not fall that far (docs/results.md, "Figures
+# the loss (training/loss.py) does, which does not fall that far (docs/results/code-figures.md, "Figures
 # behind the code's choices").
 _MIN_EXP = -60.0
 
@@ -153,8 +155,10 @@ def greedy_search(
     buckets: bool = False,
     constraints: Constraints | None = None,
     compile: str | None = None,
+    sampler: Sampler | None = None,
 ) -> list[Hypothesis]:
-    """src_ids (B, S) -> the most probable next token at every step, one per sentence.
+    """src_ids (B, S) -> the most probable next token at every step (or one drawn by
+    `sampler`), one hypothesis per sentence.
 
     Args:
         model (Transformer): the model (eval mode), or anything with `encode`, `decode`
@@ -173,6 +177,8 @@ def greedy_search(
         constraints: the batch's forced prefixes and n-gram rule (`constraints.py`), or None.
         compile: a `torch.compile` mode for the cached step (`decoder_state.py`), or None:
             eager. The result does not depend on it beyond rounding.
+        sampler: draws each token instead of taking the most probable (`sampling.py`,
+            decode.method=sample), from the same log-probabilities; None: greedy.
 
     Returns:
         One `Hypothesis` per sentence, in input order: its tokens (no BOS or EOS) and its
@@ -199,7 +205,11 @@ def greedy_search(
         logp = decoder.log_probs().index_fill_(1, early if step < min_len else always, -math.inf)
         if rule is not None:
             rule(logp, alive, step)
-        best, tokens = logp.max(dim=-1)  # (A,)
+        if sampler is None:
+            best, tokens = logp.max(dim=-1)  # (A,)
+        else:  # scored as the model gives it: neither truncated nor tempered
+            tokens = sampler(logp, alive, step)
+            best = logp.gather(1, tokens[:, None]).squeeze(1)
         if step >= earliest_limit:  # forced EOS where max_len is reached, scored as the model gave it
             at_max = step >= max_len
             best = torch.where(at_max, logp[:, cfg.eos_id], best)
@@ -383,22 +393,25 @@ def candidate_rows(a: int, w: int, c: int, device: torch.device) -> torch.Tensor
 
 
 def search(model, src_ids: torch.Tensor, cfg: DecodeConfig,
-           prefixes: list[list[int] | None] | None = None) -> list[list[Hypothesis]]:
+           prefixes: list[list[int] | None] | None = None,
+           keys: list[int] | None = None) -> list[list[Hypothesis]]:
     """Decode src_ids (B, S) as `cfg` says; n-best lists (a list of one for greedy).
 
     Args:
         model (Transformer): the model (eval mode), or anything `greedy_search` and
             `beam_search` take.
         src_ids: source ids (B, S), right-padded, no BOS or EOS.
-        cfg: the search: method (greedy or beam), beam_size, lenpen, nbest, max_len_a,
-            max_len_b, min_len, no_repeat_ngram_size (its other fields are
-            `text.translate_nbest`'s).
+        cfg: the search: method (greedy, beam or sample), beam_size, lenpen, nbest,
+            max_len_a, max_len_b, min_len, no_repeat_ngram_size, the sampling_* settings
+            and seed (its other fields are `text.translate_nbest`'s).
         prefixes: None, or per sentence the ids its output must start with (or None);
             each no longer than the sentence's length limit (`text.first_unit_prefixes`).
+        keys: method=sample: each sentence's `sampling.sentence_key` (from its place in
+            the input); None: from its place in this batch.
 
     Returns:
         For each sentence, in input order, its n-best list of `Hypothesis`es, best first:
-        one hypothesis for greedy search, up to cfg.nbest for beam search.
+        one hypothesis for greedy search and sampling, up to cfg.nbest for beam search.
 
     Raises:
         ValueError: an unknown cfg.method, or settings the searches refuse.
@@ -412,13 +425,15 @@ def search(model, src_ids: torch.Tensor, cfg: DecodeConfig,
     compile = None if cfg.compile == "none" else cfg.compile
     buckets = cfg.buckets if cfg.buckets is not None else compile is not None and device in BUCKETS
     constraints = Constraints.build(prefixes, cfg.no_repeat_ngram_size, src_ids.device)
-    if cfg.method == "greedy":
+    if cfg.method in ("greedy", "sample"):
+        sampler = (Sampler.build(cfg, keys, src_ids.size(0), src_ids.device)
+                   if cfg.method == "sample" else None)
         hyps = greedy_search(model, src_ids, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
                              cfg.lenpen, sync_every=sync_every, buckets=buckets,
-                             constraints=constraints, compile=compile)
+                             constraints=constraints, compile=compile, sampler=sampler)
         return [[h] for h in hyps]
     if cfg.method == "beam":
         return beam_search(model, src_ids, cfg.beam_size, cfg.lenpen, cfg.nbest,
                            cfg.max_len_a, cfg.max_len_b, cfg.min_len, sync_every=sync_every,
                            buckets=buckets, constraints=constraints, compile=compile)
-    raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy or beam")
+    raise ValueError(f"unknown decode.method {cfg.method!r}: expected greedy, beam or sample")

@@ -19,8 +19,8 @@ from transformer.config import ConfigError, DecodeConfig
 from transformer.decoding.batch_memory import decode_batch_tokens
 from transformer.device import resolve_precision
 
-# On a CPU, batches of 2,000 source tokens decode greedy and beam 5 faster than 8,000 (the
-# small model; docs/performance.md, "Decoding speed", has the figures). On CUDA the batch
+# On a CPU, batches larger than 2,000 source tokens decode greedy and beam 5 no faster (the
+# small model; docs/results/decoding-speed.md, "Batch size", has the figures). On CUDA the batch
 # doubles from 8,000 while half the free memory holds its worst case
 # (`batch_memory.decode_batch_tokens`), below the ceiling of 65,536: 64,000 source tokens at
 # most. A GPU decodes more sentences a step for little more time.
@@ -75,8 +75,8 @@ def decode_precision(precision: str, device: torch.device, key: str = "decode.pr
     CTranslate2 export computes in fp32 there (its CPU backend has no bf16), so a checkpoint
     and its fp32 export translate alike by default (in bf16 the search breaks some near-ties
     the other way: docs/deploying.md, "A checkpoint and its export"). `decode.precision=bf16`
-    asks for bf16, faster on a CPU with native bf16 at a small cost in BLEU (docs/results.md,
-    "bf16 decoding against fp32")."""
+    asks for bf16, faster on a CPU with native bf16 at a small cost in BLEU (docs/results/precision.md,
+    "Decoding: bf16 against fp32")."""
     resolved = resolve_precision(precision, device, key=key)[0]  # checked as training's
     return "fp32" if precision == "auto" and device.type == "cpu" else resolved
 

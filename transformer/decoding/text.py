@@ -36,6 +36,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.batch_memory import check_decode_memory
 from transformer.decoding.ct2_model import CT2Model
 from transformer.decoding.loading import load_for_inference as load_for_inference  # re-exported
+from transformer.decoding.sampling import unit_keys
 from transformer.decoding.search import search
 from transformer.decoding.settings import DTYPES, decode_settings
 from transformer.model.weights import held_in
@@ -145,13 +146,15 @@ def translate_nbest(
     check_decode_memory(model.cfg, [[lengths[j] for j in b] for b in batches], cfg, device)
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr, disable=not progress)
     mode = contextlib.nullcontext() if exported else _inference_mode(model, cfg.precision, device)
+    # sampling: each unit's draws keyed by its place in the input, not by its batch
+    keys = unit_keys(cfg.seed, segs.owner, first_line) if cfg.method == "sample" else None
     with mode:
         for batch in batches:
             index = [todo[j] for j in batch]
             src_ids = pad([src[i] for i in index], tokenizer.pad_id).to(device)
             prefix = [unit_prefix[i] for i in index] if unit_prefix is not None else None
             found = (model.search(src_ids, cfg, prefix) if exported else
-                     search(model, src_ids, cfg, prefix))
+                     search(model, src_ids, cfg, prefix, None if keys is None else [keys[i] for i in index]))
             for i, hyps in zip(index, found, strict=True):
                 texts = tokenizer.decode([h.tokens for h in hyps])
                 results[i] = [(t, h.score) for t, h in zip(texts, hyps, strict=True)]

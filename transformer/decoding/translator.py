@@ -6,6 +6,7 @@
     translator.translate(["Ciao, come stai?", "Che ore sono?"])         # ["Hi, how are you?", ...]
     translator.translate(lines, method="greedy", max_len_b=20)          # any decode.* setting
     translator.translate(lines, nbest=3, return_scores=True)            # [[Translation(text, score), ...], ...]
+    translator.translate(lines, method="sample", sampling_topk=10, seed=1)  # drawn, the same for a seed
     for text in translator.translate_iterable(open("news.it")):         # lazily, a batch at a time
         print(text)
     translator.score(["Ciao!"], ["Hi!"])                                # the model's score of a translation
@@ -125,7 +126,7 @@ class Translator:
         Raises:
             CheckpointError: not a checkpoint, a run or an export, or a broken one (path named).
             ConfigError: a bad device, thread count or setting (keyword named), or an
-                export without ctranslate2 (`pip install -e ".[ct2]"`).
+                export without ctranslate2 (`pip install -e ".[export]"`).
         """
         with as_arguments():
             model, tokenizer, where, torch_device, decode, rounded = _open(path, str(device), precision, threads, settings, dtype)

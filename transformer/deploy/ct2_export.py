@@ -56,7 +56,7 @@ from transformer.errors import UserError
 from transformer.model.layers import sinusoid_table
 from transformer.model.transformer import Transformer
 
-try:  # the optional dependency (pip install -e ".[ct2]"); mt-export says so in one line
+try:  # the optional dependency (pip install -e ".[export]"); mt-export says so in one line
     import ctranslate2
     from ctranslate2.converters import Converter
     from ctranslate2.specs import model_spec, transformer_spec

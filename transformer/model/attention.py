@@ -92,7 +92,7 @@ class MultiHeadAttention(nn.Module):
         # takes no mask), the explicit product on CPU. On CPU the explicit product is SDPA's
         # math kernel without its scaling of a transposed copy of K, which on a decoding step
         # (one query per row against every cached key) costs more than the product itself
-        # (docs/results.md, "Figures behind the code's choices"); SDPA's fused CPU kernel is
+        # (docs/results/code-figures.md, "Figures behind the code's choices"); SDPA's fused CPU kernel is
         # slower still on sentence-length sequences. True/False force a path (tests use both on CPU).
         self.use_sdpa: bool | None = None
         self.weights: torch.Tensor | None = None

@@ -1,8 +1,8 @@
 """Dropout whose mask is cheap to draw on a CPU.
 
 PyTorch's CPU dropout draws one Mersenne-Twister number per element, a large share of a
-small model's bf16 training step on a CPU (docs/performance.md, "Earlier measurements", has
-the profile). Here one 64-bit word serves four elements: each 16-bit
+small model's bf16 training step on a CPU (docs/results/training-speed.md, "Why the step is built
+so", has it timed). Here one 64-bit word serves four elements: each 16-bit
 lane is a uniform integer in [-32768, 32767], kept when it is at least
 -32768 + round(p * 65536). So p is applied with a resolution of 1/65536, and the kept
 elements are scaled by 1 / (1 - p) as usual. The words come from numpy's SFC64 generator
@@ -39,7 +39,7 @@ def keep_factor(shape: torch.Size, p: float, dtype: torch.dtype) -> torch.Tensor
     """The same draw as `keep_mask`, as 1.0 (keep) and 0.0 (drop) in `dtype`.
 
     Multiplying by a bool tensor converts it to the other operand's dtype first, on a
-    slow path (docs/performance.md, "The bf16 step on a CPU with native bf16", has it timed):
+    slow path (docs/results/training-speed.md, "Why the step is built so", has it timed):
     numpy writes the factor in the dtype itself, bf16 as the bit pattern of 1.0 (0x3F80).
     """
     keep = _lanes(shape.numel()) >= _threshold(p)

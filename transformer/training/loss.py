@@ -17,8 +17,8 @@ backward a softmax, a subtraction and the multiplication by the incoming gradien
 straight into the logits' dtype. For bf16 logits, eager PyTorch's `log_softmax(...,
 dtype=float32)` and `softmax(..., dtype=float32)` first copy them to fp32 inside the op
 (their kernels upcast in the read for fp16 only); a compiled step fuses that cast into the
-read. Taking exp by hand would make seven passes (docs/performance.md, "The bf16 step on
-a CPU with native bf16", times both).
+read. Taking exp by hand would make seven passes (docs/results/training-speed.md, "Why
+the step is built so", times both).
 """
 
 from __future__ import annotations

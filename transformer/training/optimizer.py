@@ -37,8 +37,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
 
     Fused, one kernel updates every parameter (CUDA, and CPU since torch 2.4); unfused,
     PyTorch's CPU default is a loop of about ten small ops per parameter tensor, a share of a
-    small model's bf16 step on a CPU worth saving (docs/performance.md, "The bf16 step on a
-    CPU with native bf16", has it timed).
+    small model's bf16 step on a CPU worth saving (docs/results/training-speed.md, "Why the
+    step is built so", has it timed).
     """
     return torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,

@@ -5,7 +5,7 @@ so that the loop's `Batch.to(device, non_blocking=True)` is an asynchronous copy
 batch is gathered and padded from flat numpy arrays of the corpus' ids
 (`batching.TokenIds`, read once from the dataset's Arrow buffers): a few numpy array
 operations a batch, not Python lists built row by row, so the thread holds the GIL the
-training loop needs to launch kernels only briefly (docs/results.md, "Batch assembly").
+training loop needs to launch kernels only briefly (docs/results/training-speed.md, "Batch assembly").
 
 Exact resume does not depend on the thread: each item carries its own position (epoch,
 index), and the loop saves the position after the item it consumed, never how far the

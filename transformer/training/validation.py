@@ -62,7 +62,7 @@ class Validator:
                  after_batch: Callable[[], object] | None = None) -> None:
         # dev BLEU decodes in the precision the model trains in (decode.precision auto; on a
         # CPU, auto alone would be fp32, as an export decodes, and slower than bf16:
-        # docs/results.md, "bf16 decoding against fp32")
+        # docs/results/precision.md, "Decoding: bf16 against fp32")
         if decode.precision == "auto":
             decode = replace(decode, precision=precision)
         self.devs, self.tokenizer, self.decode = devs, tokenizer, decode
