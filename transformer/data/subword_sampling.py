@@ -13,8 +13,9 @@ the same worker processes as the best one and kept in the cache beside it
 Training sees K rows per pair, pair-major: row `pair * K + k` holds the pair's k-th
 segmentation (`expanded_rows`), and an epoch draws its pairs as without sampling, each pair then
 taking segmentation `(offset[pair] + epoch) % K`, the offset drawn once per seed: a pair
-goes through all K before it sees one again, consecutive epochs never repeat one, and
-everything is a function of (seed, epoch), so a resumed run continues exactly. The
+goes through all K before it sees one again (two of them may be the same cut of a short
+sentence), and everything is a function of (seed, epoch), so a resumed run continues
+exactly. The
 batches are planned on the lengths of the rows an epoch actually takes, so a batch still
 holds at most `data.max_tokens` padded tokens per side. A sampled segmentation longer than
 `data.max_len` is replaced by the best one, so every training sequence stays within it.
