@@ -6,7 +6,10 @@ processes and threads (`data.num_proc`, `trainer.num_threads`, `threads`) at mos
 CPU cores this process may use; lengths (`model.max_positions`, `data.max_len`) at most
 MAX_POSITIONS; batches (`data.max_tokens`, `trainer.val_max_tokens`, `decode.max_tokens`,
 `decode.max_batch_size`) at most MAX_BATCH_TOKENS; `decode.no_repeat_ngram_size` at most
-MAX_NO_REPEAT_NGRAM. Within those, a decoding batch can still ask for more memory than the
+MAX_NO_REPEAT_NGRAM; subword sampling's segmentations kept per sentence
+(`data.subword_sampling.segmentations`, each a copy of the sampled sides' ids in the cache
+and in memory) at most MAX_SEGMENTATIONS, its n-best list (`.nbest`) at most MAX_NBEST.
+Within those, a decoding batch can still ask for more memory than the
 machine has: `available_memory` is what is free now, and decoding's own estimate of a
 batch's need, which refuses one that would not fit, is in
 `transformer/decoding/batch_memory.py` (it needs the typed configs, which this layer-0
@@ -33,6 +36,13 @@ MAX_BATCH_TOKENS = 131072
 # `decode.sync_every`: steps between the search's reads of the live sentences; the rows
 # that finished meanwhile decode that many steps for nothing
 MAX_SYNC_EVERY = 64
+# `data.subword_sampling.segmentations`: Kudo (2018) samples anew each update; 64 epochs of
+# fresh segmentations is more than a run here sees, and 64 copies of Europarl's sources
+# (~20M tokens, 2 bytes each) are ~2.5 GB of memory
+MAX_SEGMENTATIONS = 64
+# `data.subword_sampling.nbest`: Kudo (2018) uses 64; SentencePiece's n-best search costs
+# time and memory in proportion per sentence
+MAX_NBEST = 1024
 
 
 def cpu_cores() -> int:

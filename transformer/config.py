@@ -27,8 +27,10 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer.bounds import (
     MAX_BATCH_TOKENS,
     MAX_BEAM_SIZE,
+    MAX_NBEST,
     MAX_NO_REPEAT_NGRAM,
     MAX_POSITIONS,
+    MAX_SEGMENTATIONS,
     MAX_SYNC_EVERY,
     worker_limit,
 )
@@ -231,6 +233,41 @@ class AugmentConfig:
 
 
 @dataclass
+class SubwordSamplingConfig:
+    """Subword regularisation of the training pairs (`data.subword_sampling`): SentencePiece's
+    sampling (Kudo 2018) for a unigram model, BPE-dropout (Provilkov et al. 2020) for a BPE
+    one. Preparation keeps `segmentations` sampled segmentations of each training sentence in
+    the cache; each epoch takes another of them. Dev and test sets are never sampled."""
+
+    alpha: float = 0.0
+    """0: off (every epoch sees the one best segmentation). Unigram: the smoothing exponent
+    of the sampling distribution (SentencePiece's alpha; 0.1 with nbest 64 in Kudo 2018;
+    smaller is closer to uniform); BPE: the probability of dropping each merge."""
+    nbest: int = 64
+    """Unigram: sample among the nbest best segmentations; -1: over all of them (the whole
+    lattice, faster). Ignored by a BPE model."""
+    segmentations: int = 4
+    """Sampled segmentations kept per training sentence (each costs preparation time, and
+    memory: a copy of the sampled side's ids); epoch e takes one, and a sentence goes
+    through all of them before it sees one again."""
+    target: bool = False
+    """Sample the target side too; false: the source only."""
+
+    @property
+    def on(self) -> bool:
+        """Whether training pairs are sampled at all."""
+        return self.alpha > 0
+
+    def validate(self, prefix: str = "data.subword_sampling") -> None:
+        require(0 <= self.alpha <= 1, f"{prefix}.alpha", self.alpha, "must be in [0, 1] (0: off)")
+        require(self.nbest == -1 or self.nbest >= 2, f"{prefix}.nbest", self.nbest,
+                "must be >= 2, or -1 (sample over all segmentations)")
+        _at_most(f"{prefix}.nbest", self.nbest, MAX_NBEST)
+        positive(f"{prefix}.segmentations", self.segmentations, minimum=2)
+        _at_most(f"{prefix}.segmentations", self.segmentations, MAX_SEGMENTATIONS)
+
+
+@dataclass
 class DataConfig:
     """Which corpus, how it is cleaned, tokenized and batched.
 
@@ -314,6 +351,9 @@ class DataConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     """Training pairs changed on the fly as people type (upper case, title case, no final
     punctuation, typos, merged pairs), e.g. {upper: 0.1, title: 0.1}: off by default."""
+    subword_sampling: SubwordSamplingConfig = field(default_factory=SubwordSamplingConfig)
+    """Subword sampling or BPE-dropout of the training pairs, e.g. {alpha: 0.1, nbest: 64};
+    alpha 0 (the default): off."""
 
     def validate(self, prefix: str = "data") -> None:
         names = (*CORPORA, "mix")
@@ -364,6 +404,7 @@ class DataConfig:
         positive(f"{prefix}.prefetch_batches", self.prefetch_batches)
         _at_most(f"{prefix}.prefetch_batches", self.prefetch_batches, MAX_PREFETCH_BATCHES)
         self.augment.validate(f"{prefix}.augment")
+        self.subword_sampling.validate(f"{prefix}.subword_sampling")
 
     def describe(self) -> str:
         """The corpus, or a mix's corpora and weights: `mix (tatoeba 1, europarl 2)`."""

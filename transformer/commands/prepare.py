@@ -57,6 +57,9 @@ def format_statistics(stats: dict) -> str:
         f"batching at max_tokens={b['max_tokens']}: {b['batches_per_epoch']} batches/epoch, "
         f"{b['mean_pairs_per_batch']} pairs/batch, padding efficiency {b['padding_efficiency']:.1%}"
     )
+    if sampled := stats.get("subword_sampling"):
+        lines.append(f"subword sampling: {sampled['segmentations']} segmentations of each training pair, "
+                     f"mean len {sampled['src_mean_len']:.2f}/{sampled['tgt_mean_len']:.2f}")
     seconds = stats.get("seconds", {})
     lines.append(
         "seconds: "

@@ -125,24 +125,28 @@ class Augmenter:
         tokenizer: the run's SentencePiece model, which encoded the cache.
         max_len, max_tokens: data.max_len and data.max_tokens (the bounds above).
         pad_to_multiple: the padding the batches get (as the sampler counts it).
+        segmentations: K of data.subword_sampling (1: off): a batch's row `pair * K + j` is
+            the pair's j-th sampled segmentation; its draws and text are the pair's, and a
+            changed pair is encoded with the best segmentation.
     """
 
     def __init__(self, cfg: AugmentConfig, seed: int, train, tokenizer, max_len: int, max_tokens: int,
-                 pad_to_multiple: int = 1) -> None:
+                 pad_to_multiple: int = 1, segmentations: int = 1) -> None:
         self.texts = tuple(Texts(train, side) for side in ("src", "tgt"))
         self.cfg, self.seed, self.tokenizer = cfg, seed, tokenizer
         self.max_len, self.max_tokens, self.pad_to = max_len, max_tokens, pad_to_multiple
+        self.segmentations = segmentations
 
     def pieces(self, ids: TokenIds, rows: np.ndarray, epoch: int, vocab_size: int | None = None) -> list[Batch]:
         """Batch `rows` of `epoch` with its drawn changes, as one Batch, or several when the
         changed pairs outgrow data.max_tokens (each within it, every pair in one of them)."""
-        tok = self.tokenizer
-        drawn = draw(self.cfg, self.seed, epoch, rows)
+        tok, pair_of = self.tokenizer, rows // self.segmentations
+        drawn = draw(self.cfg, self.seed, epoch, pair_of)
         changed = np.flatnonzero(drawn.any)
         if not len(changed):
             return [ids.collate_rows(rows, tok.pad_id, tok.bos_id, tok.eos_id, self.pad_to, vocab_size)]
         needed = np.union1d(changed, drawn.partners[changed[drawn.changes["merge"][changed]]])
-        texts = [dict(zip(needed.tolist(), side.lines(rows[needed]), strict=True)) for side in self.texts]
+        texts = [dict(zip(needed.tolist(), side.lines(pair_of[needed]), strict=True)) for side in self.texts]
         pairs = [changed_pair(drawn, int(i), *texts) for i in changed]
         # a line at a time: SentencePiece's call for a list costs more than a few dozen lines' encoding
         encoded = [[tok.encode_line(p[side]) for p in pairs] for side in (0, 1)]

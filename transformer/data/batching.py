@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import torch
 
 from transformer.data.mixture import CorpusMixture
+from transformer.data.subword_sampling import expanded_rows
 
 # Tokens collate adds to each side: nothing to the source, BOS (tgt_in) or EOS (tgt_out)
 # to the target. Batch sizes are computed on these padded lengths.
@@ -154,12 +155,26 @@ class TokenIds:
     rather than built from Python lists by `datasets` row by row, which holds the GIL the
     training loop needs to launch kernels. The ids are stored in the smallest integer type
     that holds the vocabulary (2 bytes a token below 32,768 ids) and every stored id.
+
+    With subword sampling, `samples` (the cache's sampled segmentations, row-aligned with
+    `dataset`) hold `segmentations` (K) of each pair on a side: the rows are then the
+    pairs' segmentations, pair-major (row `pair * K + k`), and a side that was not sampled
+    gives every segmentation of a pair its one best (`strides`).
     """
 
-    def __init__(self, dataset, vocab_size: int) -> None:
+    def __init__(self, dataset, vocab_size: int, samples=None, segmentations: int = 1) -> None:
         table = dataset.with_format("arrow")[:]  # honours any select()/shuffle() indices
+        sampled = samples.with_format("arrow")[:] if samples is not None else None
         dtype = np.int16 if vocab_size <= np.iinfo(np.int16).max + 1 else np.int32
-        self.sides = tuple(self._flat(table.column(c), dtype) for c in ("src_ids", "tgt_ids"))
+        sides, self.strides = [], []
+        for side in ("src", "tgt"):
+            if sampled is not None and f"{side}_samples" in sampled.column_names:
+                sides.append(self._flat(pc.list_flatten(sampled.column(f"{side}_samples")), dtype))
+                self.strides.append(1)
+            else:
+                sides.append(self._flat(table.column(f"{side}_ids"), dtype))
+                self.strides.append(segmentations)
+        self.sides = tuple(sides)
 
     @staticmethod
     def _flat(column, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -175,15 +190,17 @@ class TokenIds:
         return flat, np.concatenate([[0], np.cumsum(lens)])
 
     def __len__(self) -> int:
-        return len(self.sides[0][1]) - 1
+        return (len(self.sides[0][1]) - 1) * self.strides[0]
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """Every row's source and target length, as `token_lengths` reads them."""
-        return np.diff(self.sides[0][1]), np.diff(self.sides[1][1])
+        src, tgt = (np.repeat(np.diff(starts), stride) for (_, starts), stride in zip(self.sides, self.strides))
+        return src, tgt
 
     def take(self, rows: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
         """(flat int64 ids, lengths) of `rows` on `side` (0 source, 1 target), in order."""
         flat, starts = self.sides[side]
+        rows = rows // self.strides[side] if self.strides[side] > 1 else rows
         begin, lens = starts[rows], starts[rows + 1] - starts[rows]
         shift = np.repeat(begin - (np.cumsum(lens) - lens), lens)  # each row's start, minus its out start
         return flat[np.arange(int(lens.sum())) + shift].astype(np.int64), lens
@@ -320,6 +337,10 @@ class TokenBatchSampler:
     arrays, nothing per example in Python). Usable as a DataLoader `batch_sampler` after
     `set_epoch(epoch, start)`. With `pad_to_multiple` (as given to `collate`) the budget
     counts the lengths rounded up, so a padded batch still holds at most `max_tokens`.
+    With `segmentations` K > 1 (subword sampling), the rows are K segmentations of each
+    pair, pair-major: an epoch draws pairs, each takes the row of its segmentation for the
+    epoch (`subword_sampling.expanded_rows`), and the batches are planned on those rows'
+    own lengths.
     """
 
     def __init__(
@@ -334,6 +355,7 @@ class TokenBatchSampler:
         bucket_chunk: int = 100,
         mixture: CorpusMixture | None = None,
         pad_to_multiple: int = 1,
+        segmentations: int = 1,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
@@ -352,8 +374,11 @@ class TokenBatchSampler:
                 f"example {longest} has {self.sizes[longest]} tokens (with BOS/EOS), more than "
                 f"max_tokens={max_tokens}: raise max_tokens or lower data.max_len"
             )
-        if mixture is not None and sum(mixture.sizes) != len(src):
-            raise ValueError(f"the mixture covers {sum(mixture.sizes)} rows, the data has {len(src)}")
+        if len(src) % segmentations:
+            raise ValueError(f"{len(src)} rows are not {segmentations} segmentations of each pair")
+        self.segmentations, self.n_pairs = segmentations, len(src) // segmentations
+        if mixture is not None and sum(mixture.sizes) != self.n_pairs:
+            raise ValueError(f"the mixture covers {sum(mixture.sizes)} rows, the data has {self.n_pairs}")
         self.mixture = mixture
         self.src, self.tgt = src, tgt
         self.max_tokens, self.bucket_chunk, self.pad_to_multiple = max_tokens, bucket_chunk, pad_to_multiple
@@ -380,8 +405,12 @@ class TokenBatchSampler:
         rng = np.random.default_rng([seed, epoch])
         if self.mixture is not None:
             mixture = self.mixture if seed == self.mixture.seed else self.mixture.reseeded(seed)
-            return mixture.epoch_indices(epoch), rng
-        return (rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))), rng
+            pairs = mixture.epoch_indices(epoch)
+        else:
+            pairs = rng.permutation(self.n_pairs) if self.shuffle else np.arange(self.n_pairs)
+        if self.segmentations == 1:
+            return pairs, rng
+        return expanded_rows(pairs, epoch, seed, self.n_pairs, self.segmentations), rng
 
     def plan_positions(self, order: np.ndarray, rng: np.random.Generator) -> BatchPlan:
         """The batches of the rows `order`, as positions in `order`: chunks of `chunk_size`
@@ -466,11 +495,11 @@ def padding_efficiency(
 
 def batching_statistics(
     src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, bucket_chunk: int,
-    mixture: CorpusMixture | None = None,
+    mixture: CorpusMixture | None = None, segmentations: int = 1,
 ) -> dict:
     """Batches per epoch, pairs per batch and padding efficiency of epoch 0."""
     sampler = TokenBatchSampler(src_lens, tgt_lens, max_tokens, seed=0, bucket_chunk=bucket_chunk,
-                                mixture=mixture)
+                                mixture=mixture, segmentations=segmentations)
     batches = sampler.batches(0)
     return {
         "max_tokens": max_tokens,

@@ -4,7 +4,8 @@ Each chunk of a `clean_split.CleanSplit` is encoded by SentencePiece (in the `Wo
 processes, or in this process with `data.num_proc` threads), length-filtered (training
 splits) and appended to one Arrow file, which training memory-maps
 (`datasets.Dataset.from_file`). Columns: `src`, `tgt` (the normalised text), `src_ids`,
-`tgt_ids` (no BOS/EOS).
+`tgt_ids` (no BOS/EOS). With subword sampling (`subword_sampling.Sampling`), a second
+file beside it holds each training pair's sampled segmentations, row-aligned.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from transformer.data import corpus
 from transformer.data.clean_split import CleanSplit, read_table
 from transformer.data.corpus import DataError
 from transformer.data.heartbeat import Heartbeat
+from transformer.data.subword_sampling import SAMPLES, Sampling, sample_segmentations
 from transformer.data.tokenizer import Tokenizer
 from transformer.data.workers import Workers
 
@@ -51,34 +53,44 @@ class LengthFilter:
 
 
 class SplitWriter:
-    """An encoded split: one Arrow file, written chunk by chunk."""
+    """An encoded split: one Arrow file, written chunk by chunk; with `sampling`, its pairs'
+    sampled segmentations in a second one beside it (`SAMPLES`)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sampling: Sampling | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = ArrowWriter(path=str(path), features=FEATURES)
+        self.sampling = sampling
+        self.writers = [ArrowWriter(path=str(path), features=FEATURES)]
+        if sampling is not None:
+            features = datasets.Features({c: datasets.Sequence(datasets.Sequence(datasets.Value("int32")))
+                                          for c in sampling.columns()})
+            self.writers.append(ArrowWriter(path=str(path.parent / SAMPLES), features=features))
 
     def __enter__(self) -> SplitWriter:
         return self
 
     def __exit__(self, *exc) -> None:
-        if exc[0] is None:
-            self.writer.finalize()
-        self.writer.close()
+        for writer in self.writers:
+            if exc[0] is None:
+                writer.finalize()
+            writer.close()
 
     def _append(self, rows: pa.Table, ids: list[pa.Array], length_filter: LengthFilter | None,
                 counts: dict[str, int]) -> int:
         """Write a chunk's rows with their ids, length-filtered (a training split), counting
         what each rule drops into `counts`; returns the pairs written."""
-        chunk = pa.table([*rows.columns, *ids], names=list(FEATURES))
+        chunks = [pa.table([*rows.columns, *ids[:2]], names=list(FEATURES))]
+        if self.sampling is not None:
+            chunks.append(pa.table(ids[2:], names=self.sampling.columns()))
         if length_filter is not None:
-            src_lens, tgt_lens = (pc.list_value_length(x).to_numpy(zero_copy_only=False) for x in ids)
+            src_lens, tgt_lens = (pc.list_value_length(x).to_numpy(zero_copy_only=False) for x in ids[:2])
             keep, dropped = corpus.length_filter(src_lens, tgt_lens, length_filter.max_len,
                                                  length_filter.max_len_ratio)
             for rule, n in dropped.items():
                 counts[rule] += n
-            chunk = chunk.take(keep) if len(keep) < len(chunk) else chunk
-        self.writer.write_table(chunk)
-        return len(chunk)
+            chunks = [c.take(keep) if len(keep) < len(c) else c for c in chunks]
+        for writer, chunk in zip(self.writers, chunks, strict=True):
+            writer.write_table(chunk)
+        return len(chunks[0])
 
     def write(self, split: CleanSplit, tokenizer: Tokenizer, workers: Workers, num_threads: int,
               length_filter: LengthFilter | None = None, label: str = "dev") -> int:
@@ -89,7 +101,7 @@ class SplitWriter:
         ranges = list(split.row_ranges())
         threads = 1 if workers.parallel(len(ranges)) else num_threads
         model = tokenizer.digest, tokenizer.proto
-        tasks = ((*model, threads, *r) for r in ranges)
+        tasks = ((*model, threads, *r, self.sampling) for r in ranges)
         table = split.table()
         written, counts = 0, {"too_long": 0, "length_ratio": 0}
         name, done = length_filter.label if length_filter is not None else label, [0]
@@ -111,12 +123,17 @@ class SplitWriter:
 _TOKENIZERS: dict[str, Tokenizer] = {}  # a process's tokenizers, by digest: one load per worker
 
 
-def encode_rows(task: tuple[str, bytes, int, str, int, int]) -> list[pa.Array]:
+def encode_rows(task: tuple[str, bytes, int, str, int, int, Sampling | None]) -> list[pa.Array]:
     """Source and target ids (list<int32> arrays) of rows [start, stop) of a cleaned split
-    file; task = (tokenizer digest, its model, threads, path, start, stop)."""
-    digest, proto, threads, path, start, stop = task
+    file, then with `sampling` the sampled segmentations of its sides (list<list<int32>>);
+    task = (tokenizer digest, its model, threads, path, start, stop, sampling)."""
+    digest, proto, threads, path, start, stop, sampling = task
     if digest not in _TOKENIZERS:
         _TOKENIZERS[digest] = Tokenizer.from_proto(proto)
     tokenizer = _TOKENIZERS[digest]
     rows = read_table(path).slice(start, stop - start)
-    return [pa.array(tokenizer.encode(rows.column(side).to_pylist(), threads), IDS) for side in ("src", "tgt")]
+    texts = {side: rows.column(side).to_pylist() for side in ("src", "tgt")}
+    best = {side: tokenizer.encode(texts[side], threads) for side in texts}
+    samples = [sample_segmentations(tokenizer, texts[side], best[side], sampling, [start, side == "tgt"])
+               for side in (sampling.sides if sampling is not None else ())]
+    return [*(pa.array(best[side], IDS) for side in ("src", "tgt")), *samples]

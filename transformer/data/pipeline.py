@@ -45,6 +45,7 @@ from transformer.data.encode_split import ARROW, LengthFilter, SplitWriter
 from transformer.data.filters import check_filters
 from transformer.data.mixture import mix_sample
 from transformer.data.prepared_cache import PreparedData, open_prepared, write_meta
+from transformer.data.subword_sampling import Sampling
 from transformer.data.tokenizer import TOKENIZER_RECIPE, Tokenizer, load_or_train_tokenizer
 from transformer.data.workers import Workers
 from transformer.errors import writing
@@ -113,9 +114,13 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     prepared.phases = [(p.epochs, dict(p.corpora)) for p in cfg.phases]
     prepared.epoch_pairs = cfg.epoch_pairs
     with timer("batching"):  # batching settings are not part of the cache key
-        lengths = token_lengths(prepared.train)
+        lengths = prepared.train_lengths()
         prepared.stats["batching"] = batching_statistics(
-            *lengths, cfg.max_tokens, cfg.bucket_chunk, prepared.mixture(seed=0))
+            *lengths, cfg.max_tokens, cfg.bucket_chunk, prepared.mixture(seed=0), prepared.segmentations)
+    if prepared.segmentations > 1:  # the lengths training sees: its segmentations', not the best ones'
+        prepared.stats["subword_sampling"] = {"segmentations": prepared.segmentations,
+                                              "src_mean_len": round(float(lengths[0].mean()), 2),
+                                              "tgt_mean_len": round(float(lengths[1].mean()), 2)}
     prepared.stats["seconds"] = timer.seconds
     return prepared
 
@@ -164,8 +169,8 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
     with put_in_place(final, f".{final.name}.tmp-{os.getpid()}",
                       replace=lambda found: not (found / "meta.json").exists()) as tmp:
         with timer("encode"):
-            sizes = {}
-            with SplitWriter(tmp / "train" / ARROW) as train:
+            sizes, sampling = {}, Sampling.of(cfg.subword_sampling, cfg.max_len)
+            with SplitWriter(tmp / "train" / ARROW, sampling) as train:
                 for name, splits in corpora.items():
                     label = f"train{_prefix(cfg, name)}"
                     sizes[name] = train.write(splits["train"], tokenizer, workers, cfg.num_proc,
@@ -177,7 +182,8 @@ def _build(cfg: DataConfig, key: str, corpora: dict[str, dict[str, CleanSplit]],
         with timer("save"):
             stats.update(corpus_statistics(tmp, sizes, tokenizer, cfg))
             write_meta(tmp, spm_path, _settings(cfg), sizes,
-                       [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None, stats)
+                       [cfg.corpora[n] for n in sizes] if cfg.name == "mix" else None, stats,
+                       sampling.segmentations if sampling is not None else 1)
     prepared = _load_prepared(cfg, key)  # memory-mapped, identical to what a cached run returns
     assert prepared is not None
     prepared.from_cache = False
@@ -300,6 +306,8 @@ def _settings(cfg: DataConfig, location: bool = True) -> str:
     if cfg.tokenizer:  # a given vocabulary: its content counts, not the spm_* settings
         settings = {k: v for k, v in settings.items() if not k.startswith("spm_")}
         settings["tokenizer"] = given_tokenizer(cfg.tokenizer).digest
+    if cfg.subword_sampling.on:  # off, the key holds no trace of the setting
+        settings["subword_sampling"] = asdict(cfg.subword_sampling)
     return json.dumps([_PIPELINE_VERSION, TOKENIZER_RECIPE, settings], sort_keys=True)
 
 

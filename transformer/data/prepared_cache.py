@@ -1,8 +1,9 @@
 """A folder of the prepared-data cache: what it holds, its checksums, and opening it.
 
 `{cache_dir}/prepared-<key>/` holds `train/data.arrow` (every corpus's pairs, in the order
-of meta.json's `corpora`), `dev/<corpus>/data.arrow`, `stats.json` (what `mt-prepare`
-prints) and `meta.json`, which names the tokenizer (`{cache_dir}/spm-*.model`, shared by
+of meta.json's `corpora`), with subword sampling `train/samples.arrow` (their sampled
+segmentations, meta.json's `segmentations` of each: `subword_sampling.py`),
+`dev/<corpus>/data.arrow`, `stats.json` (what `mt-prepare` prints) and `meta.json`, which names the tokenizer (`{cache_dir}/spm-*.model`, shared by
 the folders prepared with it) and records the SHA-256 of every other file: each shard and
 stats.json (`sha256`), and the tokenizer (`tokenizer_sha256`). `open_prepared` checks them
 all before anything reads the data, so a changed byte anywhere (a piece of the tokenizer
@@ -21,10 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import numpy as np
 
+from transformer.data.batching import TokenIds, token_lengths
 from transformer.data.corpus import DataError
 from transformer.data.encode_split import ARROW
 from transformer.data.mixture import CorpusMixture
+from transformer.data.subword_sampling import SAMPLES, SIDES, expanded_lengths
 from transformer.data.tokenizer import Tokenizer
 
 META, STATS = "meta.json", "stats.json"
@@ -43,7 +47,9 @@ class PreparedData:
     `train` and every dev set have columns `src`, `tgt` (normalised text: dev keeps it for
     BLEU) and `src_ids`, `tgt_ids` (list[int], no BOS/EOS). With several corpora
     (`data.name=mix`), `train` holds their pairs one corpus after the other, in the order
-    of `sizes`, and `devs` has one dev set per corpus.
+    of `sizes`, and `devs` has one dev set per corpus. With subword sampling, `samples`
+    holds `segmentations` sampled segmentations of each training pair (columns
+    `src_samples`, and `tgt_samples` if the targets are sampled), row-aligned with `train`.
     """
 
     tokenizer: Tokenizer
@@ -58,6 +64,23 @@ class PreparedData:
     # set from the settings, not the cache: it shapes the draws, not the data
     phases: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     epoch_pairs: int | None = None
+    samples: datasets.Dataset | None = None
+    segmentations: int = 1  # rows training batches per pair: its sampled segmentations, or 1
+
+    def token_ids(self, vocab_size: int) -> TokenIds:
+        """The training rows' ids as training batches them: the pairs, or with subword
+        sampling every segmentation of every pair (`TokenIds`)."""
+        return TokenIds(self.train, vocab_size, self.samples, self.segmentations)
+
+    def train_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Source and target length of each training row, as `token_ids` holds the rows."""
+        src, tgt = token_lengths(self.train)
+        if self.samples is None:
+            return src, tgt
+        table = self.samples.with_format("arrow")[:]
+        lengths = [expanded_lengths(table, f"{side}_samples") if f"{side}_samples" in table.column_names
+                   else np.repeat(best, self.segmentations) for side, best in zip(SIDES, (src, tgt), strict=True)]
+        return lengths[0], lengths[1]
 
     @property
     def dev(self) -> datasets.Dataset:
@@ -73,9 +96,9 @@ class PreparedData:
                              phases, self.epoch_pairs)
 
 
-def shards(names: list[str]) -> list[str]:
-    """The folder's Arrow files, relative to it."""
-    return [f"train/{ARROW}", *(f"dev/{name}/{ARROW}" for name in names)]
+def shards(names: list[str], sampled: bool = False) -> list[str]:
+    """The folder's Arrow files, relative to it (`sampled`: with the sampled segmentations)."""
+    return [f"train/{ARROW}", *([f"train/{SAMPLES}"] if sampled else []), *(f"dev/{name}/{ARROW}" for name in names)]
 
 
 def sha256(path: Path) -> str:
@@ -85,13 +108,16 @@ def sha256(path: Path) -> str:
 
 
 def write_meta(folder: Path, tokenizer_file: Path, settings: str, sizes: dict[str, int],
-               weights: list[float] | None, stats: dict) -> None:
-    """stats.json and meta.json, with the checksums of every file the folder's data needs."""
+               weights: list[float] | None, stats: dict, segmentations: int = 1) -> None:
+    """stats.json and meta.json, with the checksums of every file the folder's data needs
+    (`segmentations` > 1: the training pairs' sampled segmentations are one of them)."""
     (folder / STATS).write_text(json.dumps(stats, indent=1))
-    files = [*shards(list(sizes)), STATS]
+    files = [*shards(list(sizes), segmentations > 1), STATS]
     meta = {"tokenizer": tokenizer_file.name, "settings": settings, "corpora": list(sizes),
             "sizes": list(sizes.values()), "weights": weights,
             "sha256": {f: sha256(folder / f) for f in files}, "tokenizer_sha256": sha256(tokenizer_file)}
+    if segmentations > 1:  # absent without sampling: such a folder's meta.json is as it was
+        meta["segmentations"] = segmentations
     (folder / META).write_text(json.dumps(meta))
 
 
@@ -105,25 +131,27 @@ def open_prepared(path: Path) -> PreparedData | None:
     rebuild = f"delete {path} (and the tokenizer it names) to rebuild it"
     meta = _read_meta(meta_file, rebuild)
     names, sizes, weights = meta["corpora"], meta["sizes"], meta["weights"]
+    segmentations = meta.get("segmentations", 1)
     tokenizer = _tokenizer(path, meta)
     digests = meta.get("sha256") or {}  # none recorded: opened unchecked
-    for shard in shards(names):
+    for shard in shards(names, segmentations > 1):
         if shard in digests and _digest(path / shard) != digests[shard]:
             raise DataError(f"corrupt prepared-data cache {path}: {shard} is not what was written "
                             f"(its SHA-256 differs from {META}'s): {rebuild}")
     try:
         train = datasets.Dataset.from_file(str(path / "train" / ARROW))
         devs = {n: datasets.Dataset.from_file(str(path / "dev" / n / ARROW)) for n in names}
+        samples = datasets.Dataset.from_file(str(path / "train" / SAMPLES)) if segmentations > 1 else None
     except Exception as e:
         raise DataError(f"corrupt prepared-data cache {path} ({' '.join(str(e).split())}): "
                         f"{rebuild}") from None
-    if len(train) != sum(sizes):
-        raise DataError(f"corrupt prepared-data cache {path} ({len(train)} training pairs, "
-                        f"{META} says {sum(sizes)}): {rebuild}")
+    if len(train) != sum(sizes) or (samples is not None and len(samples) != sum(sizes)):
+        found = f"{len(train)} training pairs" + (f", {len(samples)} sampled" if samples is not None else "")
+        raise DataError(f"corrupt prepared-data cache {path} ({found}, {META} says {sum(sizes)}): {rebuild}")
     stats = _read_stats(path / STATS, digests.get(STATS), rebuild)
     return PreparedData(tokenizer, train, devs, dict(zip(names, sizes, strict=True)),
                         dict(zip(names, weights, strict=True)) if weights else None,
-                        stats, path, from_cache=True)
+                        stats, path, from_cache=True, samples=samples, segmentations=segmentations)
 
 
 def _digest(path: Path) -> str | None:
@@ -168,9 +196,13 @@ def _meta_fault(meta: object) -> str | None:
         return f"'sizes' is {sizes!r}, not a count of pairs per corpus"
     if weights is not None and (not _numbers(weights, (int, float), len(names)) or min(weights) <= 0):
         return f"'weights' is {weights!r}, not null or a positive weight per corpus"
+    segmentations = meta.get("segmentations", 1)
+    if not isinstance(segmentations, int) or isinstance(segmentations, bool) or segmentations < 1:
+        return f"'segmentations' is {_short(segmentations)}, not a count of segmentations per pair"
     digests = meta.get("sha256")
-    files = {*shards(names), STATS}
-    if digests is not None and (not isinstance(digests, dict) or not set(shards(names)) <= set(digests)
+    files = {*shards(names, segmentations > 1), STATS}
+    if digests is not None and (not isinstance(digests, dict)
+                                or not set(shards(names, segmentations > 1)) <= set(digests)
                                 or not set(digests) <= files
                                 or not all(isinstance(d, str) and _HEX.fullmatch(d) for d in digests.values())):
         return f"'sha256' is {_short(digests)}, not a SHA-256 per shard"

@@ -87,6 +87,17 @@ class Tokenizer:
         dozen short lines: `augment.py` encodes its changed lines one by one)."""
         return self._sp.encode(text, out_type=int)
 
+    def sample(self, texts: list[str], alpha: float, nbest: int, seed: int) -> list[list[int]]:
+        """A sampled segmentation of each text (subword regularisation): SentencePiece's
+        sampling with `alpha` among the `nbest` best (-1: all) for a unigram model,
+        BPE-dropout with probability `alpha` for a BPE one. SentencePiece's generator is
+        set to `seed` first, so that calls with other seeds draw other samples (each call's
+        thread starts from the seed last set); the same seed in another process does not
+        give the same samples."""
+        spm.set_random_generator_seed(seed)
+        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest,
+                               num_threads=1)
+
     def decode(self, ids: Iterable[Iterable[int]]) -> list[str]:
         """Text of each id sequence: stops at the first EOS, skips padding and BOS."""
         cleaned = []

@@ -86,11 +86,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.tc.precision == "fp16")
         self.state = TrainState()
         self.pad_to = cfg.data.pad_to_multiple or (8 if device.type == "cuda" else 1)
-        self.train_ids = TokenIds(data.train, model.cfg.vocab_size)  # numpy: batches built without the GIL
+        self.train_ids = data.token_ids(model.cfg.vocab_size)  # numpy: batches built without the GIL
         self.sampler = TokenBatchSampler(
             *self.train_ids.lengths(), max_tokens=cfg.data.max_tokens, seed=self.tc.seed, shuffle=True,
             rank=dist_info.rank, world_size=dist_info.world_size, bucket_chunk=cfg.data.bucket_chunk,
-            mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to,
+            mixture=data.mixture(self.tc.seed), pad_to_multiple=self.pad_to, segmentations=data.segmentations,
         )
         self.checkpoints = Checkpoints(self.tc, run_config_yaml, model, data.tokenizer, self.optimizer, self.scheduler,
                                        self.scaler, owned, dist_info.is_main, optim=cfg.optim, sampler=self.sampler)
@@ -273,7 +273,7 @@ def augmenter(cfg: TrainConfig, data: PreparedData, pad_to: int) -> Augmenter | 
     on = ", ".join(f"{k} {v:g}" for k, v in dataclasses.asdict(cfg.data.augment).items() if v > 0)
     log.info("data.augment: training pairs changed on the fly (%s); dev and test sets as they are", on)
     return Augmenter(cfg.data.augment, cfg.trainer.seed, data.train, data.tokenizer, cfg.data.max_len,
-                     cfg.data.max_tokens, pad_to)
+                     cfg.data.max_tokens, pad_to, data.segmentations)
 
 
 def wrapped_in_ddp(model: Transformer, device: torch.device) -> DistributedDataParallel | None:
