@@ -71,6 +71,19 @@ def test_upper_and_title_case_both_sides(corpus, case):
     assert pairs_of(pieces) == expected(tok, train, ROWS, lambda s, t, r: (fn(s), fn(t)))
 
 
+def test_with_subword_sampling_a_rows_change_is_its_pairs(corpus):
+    """With data.subword_sampling's K segmentations a batch's row is `pair * K + j`: the
+    change is drawn for, and made to, that pair's text."""
+    tok, train, _ = corpus
+    k = 3
+    samples = datasets.Dataset.from_dict({"src_samples": [[ids] * k for ids in train["src_ids"]]})
+    ids = TokenIds(train, tok.vocab_size, samples, k)
+    rows = ROWS * k + ROWS % k  # each pair once, in one of its segmentations
+    sampled = Augmenter(AugmentConfig(upper=1.0), 1, train, tok, 128, 4096, segmentations=k)
+    pieces = sampled.pieces(ids, rows, epoch=0)
+    assert pairs_of(pieces) == expected(tok, train, ROWS, lambda s, t, r: (perturb.upper(s), perturb.upper(t)))
+
+
 def test_nopunct_drops_the_final_punctuation_of_both_sides(corpus):
     tok, train, ids = corpus
     pieces = augmenter(corpus, nopunct=1.0).pieces(ids, ROWS, epoch=0)
