@@ -26,12 +26,23 @@ print(tokenizer.batch_decode(out, skip_special_tokens=True))
 """
 
 
-def model_card(cfg: ModelConfig, architecture: str, run: dict, reports: list[dict],
+# The licences of the corpora the project's data presets name (data/README.md and the
+# shared data's README say where each comes from).
+CORPUS_LICENCES = {
+    "tatoeba": "Tatoeba: CC-BY 2.0 FR (attribution: the Tatoeba project and its contributors)",
+    "europarl": "Europarl: no known copyright restrictions (Koehn, statmt.org)",
+    "opus100": "OPUS-100: the licences of its OPUS sources",
+    "iwslt2017": "IWSLT 2017: CC BY-NC-ND 4.0",
+}
+
+
+def model_card(cfg: ModelConfig, architecture: str, run: dict, meta: dict, reports: list[dict],
                license: str, path: str = "path/to/this/folder") -> str:
     """README.md for an export of a model with `cfg`, held by the transformers class
-    `architecture`; run: the checkpoint's resolved run config ({} if none); reports:
-    mt-evaluate reports; license: the Hub's licence identifier."""
-    data, optim, trainer = run.get("data", {}), run.get("optim", {}), run.get("trainer", {})
+    `architecture`; run: the checkpoint's resolved run config ({} if none); meta: its
+    meta.json (step, training time, best dev BLEU); reports: mt-evaluate reports;
+    license: the Hub's licence identifier."""
+    data, optim = run.get("data", {}), run.get("optim", {})
     src, tgt = data.get("src_lang", "it"), data.get("tgt_lang", "en")
     header = {"language": [src, tgt], "license": license, "library_name": "transformers",
               "pipeline_tag": "translation", "tags": ["translation", architecture]}
@@ -61,19 +72,32 @@ def model_card(cfg: ModelConfig, architecture: str, run: dict, reports: list[dic
         f"- data: {_data(data)}",
         f"- optimiser: Adam, lr {optim.get('lr', '?')}, {optim.get('warmup_steps', '?')} "
         f"warm-up steps, label smoothing {optim.get('label_smoothing', '?')}",
-        f"- dropout {cfg.dropout}; training stopped at max_steps={trainer.get('max_steps')}, "
-        f"max_hours={trainer.get('max_hours')}", "",
+        f"- dropout {cfg.dropout}; {_progress(meta)}", "",
         "## Scores", "", *_scores(reports), "",
         "## Licence", "",
-        f"The weights: `{license}`. The training data keep their own licences (for "
-        "Tatoeba, CC-BY 2.0 FR; attribution: the Tatoeba project and its contributors); "
-        "check them before redistributing.", "",
+        f"The weights: `{license}`. The training data keep their own licences; check them "
+        "before redistributing.", "", *_licences(data),
     ]
     return "\n".join(lines)
 
 
 def _beam(run: dict) -> int:
     return int(run.get("decode", {}).get("beam_size", 5))
+
+
+def _progress(meta: dict) -> str:
+    """How far training went, from the checkpoint's meta.json."""
+    if "step" not in meta:
+        return "training progress not recorded"
+    hours = meta.get("train_seconds", 0) / 3600
+    bleu = meta.get("best_bleu")
+    dev = f"; best dev BLEU {bleu:.2f} (greedy, during training)" if bleu is not None else ""
+    return f"{meta['step']} updates in {hours:.1f} h of training{dev}"
+
+
+def _licences(data: dict) -> list[str]:
+    names = list(data.get("corpora") or {}) or [str(data.get("name", ""))]
+    return [f"- {CORPUS_LICENCES[n]}" for n in names if n in CORPUS_LICENCES]
 
 
 def _data(data: dict) -> str:

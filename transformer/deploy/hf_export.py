@@ -45,7 +45,7 @@ import torch
 from safetensors.torch import save_file
 
 from transformer import outputs
-from transformer.checkpoint import load_model
+from transformer.checkpoint import META, load_model
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.data.tokenizer import PAD_ID, UNK_ID, Tokenizer
 from transformer.deploy.hf_card import model_card
@@ -214,8 +214,8 @@ def export_hf(cfg, reports: list[Path] = ()) -> Path:
         (tmp / "generation_config.json").write_bytes(_json(generation_config(model.cfg, decode)))
         for name, data in tokenizer_files(tokenizer, model.cfg).items():
             (tmp / name).write_bytes(data)
-        card = model_card(model.cfg, CLASSES[model.cfg.pre_norm][1], run, _read_reports(reports),
-                          cfg.license)
+        card = model_card(model.cfg, CLASSES[model.cfg.pre_norm][1], run,
+                          _read_json(Path(cfg.checkpoint) / META), _read_reports(reports), cfg.license)
         (tmp / "README.md").write_text(card)
         info = {"model": asdict(model.cfg), "checkpoint": str(Path(cfg.checkpoint).resolve()),
                 "format": "hf", "class": CLASSES[model.cfg.pre_norm][1]}
@@ -235,6 +235,13 @@ def _run_config(checkpoint: Path) -> dict:
     if not path.is_file():
         return {}
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _read_reports(paths) -> list[dict]:
