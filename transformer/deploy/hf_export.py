@@ -55,9 +55,12 @@ from transformer.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
+# Where the export notes its source: not CTranslate2's export.json, by which mt-translate
+# and the other commands recognise a CTranslate2 export.
+INFO = "mt_export.json"
 # The files of an export, beside the `.mt-output` marker.
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "spiece.model",
-            "tokenizer_config.json", "special_tokens_map.json", "README.md", "export.json")
+            "tokenizer_config.json", "special_tokens_map.json", "README.md", INFO)
 CLASSES = {False: ("marian", "MarianMTModel"), True: ("pegasus", "PegasusForConditionalGeneration")}
 
 
@@ -207,9 +210,10 @@ def export_hf(cfg, reports: list[Path] = ()) -> Path:
                             f"vocab_size={model.cfg.vocab_size}")
     run = _run_config(Path(cfg.checkpoint))
     decode = DecodeConfig(**{k: v for k, v in run.get("decode", {}).items() if k in _DECODE_KEYS})
+    state = hf_state_dict(model)  # before anything is written: a model it cannot hold stops here
     with outputs.write_dir(out) as tmp:
         tmp.mkdir()
-        save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_bytes(_json(hf_config(model.cfg)))
         (tmp / "generation_config.json").write_bytes(_json(generation_config(model.cfg, decode)))
         for name, data in tokenizer_files(tokenizer, model.cfg).items():
@@ -219,7 +223,7 @@ def export_hf(cfg, reports: list[Path] = ()) -> Path:
         (tmp / "README.md").write_text(card)
         info = {"model": asdict(model.cfg), "checkpoint": str(Path(cfg.checkpoint).resolve()),
                 "format": "hf", "class": CLASSES[model.cfg.pre_norm][1]}
-        (tmp / "export.json").write_bytes(_json(info))
+        (tmp / INFO).write_bytes(_json(info))
     log.info("wrote %s (transformers %s)", cfg.output, CLASSES[model.cfg.pre_norm][1])
     return Path(cfg.output)
 
