@@ -3,7 +3,7 @@
 The Hub reads its YAML header (languages, licence, task, scores); people read the rest:
 the class that holds the model and why it is exact, how to load and run it, the data and
 recipe it was trained with (the checkpoint's config.yaml), and the test scores of the
-mt-evaluate reports given, each with its sacrebleu signature.
+given reports of `mt-evaluate`, each with its sacrebleu signature.
 """
 
 from __future__ import annotations
