@@ -130,6 +130,31 @@ def end_sentences(model: Transformer, rate: float = 0.1) -> None:
     model.out_proj.weight[cfg.pad_id, 0] = -20.0
 
 
+# (pre_norm, tie_embeddings, seed) of the exports' tests (tests/deploy): seeds whose models,
+# once `end_sentences` is applied, end most beam searches before the length limit
+# (test_ct2_export's test_beam_... checks that they do).
+EXPORT_VARIANTS = {"post-tied": (False, True, 0), "post-untied": (False, False, 0),
+                   "pre-tied": (True, True, 0), "pre-untied": (True, False, 1)}
+
+
+def perturbed_model(vocab_size: int, pre_norm: bool, tie: bool, seed: int = 0, max_len: int = 64,
+                    eos_rate: float | None = 0.1) -> Transformer:
+    """A random tiny model with every parameter perturbed (non-zero biases, LayerNorm
+    weights away from 1, a non-zero padding embedding), so that no part of an export's
+    conversion passes by accident; `end_sentences` at `eos_rate` unless None."""
+    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
+                      n_decoder_layers=2, max_positions=max_len, pre_norm=pre_norm, tie_embeddings=tie,
+                      dropout=0.0, attn_dropout=0.0, ffn_dropout=0.0)
+    torch.manual_seed(seed)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    if eos_rate is not None:
+        end_sentences(model, eos_rate)
+    return model
+
+
 # A tiny model for property tests: ids 0-3 are special, TINY_V ids in all.
 PAD, BOS, EOS, TINY_V = 0, 2, 3, 24
 

@@ -23,18 +23,19 @@ import torch.nn.functional as F
 
 from transformer.checkpoint import save_checkpoint
 from transformer.commands import evaluate, translate
-from transformer.config import ConfigError, DecodeConfig, ModelConfig, to_dataclass
+from transformer.config import ConfigError, DecodeConfig, to_dataclass
 from transformer.data.batching import pad
 from transformer.data.corpus import read_lines
 from transformer.data.sentences import encode_sources, fit
 from transformer.data.tokenizer import train_tokenizer
 from transformer.decoding import text as decoding
 from transformer.decoding.search import length_penalty, max_lengths, search
-from transformer.model.transformer import Transformer, build_model
+from transformer.model.transformer import Transformer
 from transformer.outputs import OutputError
 from transformer.paths import PROJECT_ROOT
 
-from helpers import end_sentences, sample_tokenizer
+from helpers import EXPORT_VARIANTS, sample_tokenizer
+from helpers import perturbed_model as tiny_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -48,10 +49,8 @@ from transformer.deploy.ct2_export import (  # noqa: E402
 
 ROOT = PROJECT_ROOT
 SAMPLE = ROOT / "data" / "sample"
-# (pre_norm, tie_embeddings, seed): seeds whose models, once `end_sentences` is applied,
-# end most beam searches before the length limit (test_beam_... checks that they do).
-VARIANTS = {"post-tied": (False, True, 0), "post-untied": (False, False, 0),
-            "pre-tied": (True, True, 0), "pre-untied": (True, False, 1)}
+# The four variants post-/pre-norm x tied/untied, with seeds that end most searches early.
+VARIANTS = EXPORT_VARIANTS
 
 
 @pytest.fixture(scope="module")
@@ -62,21 +61,6 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def lines() -> list[str]:
     return read_lines(SAMPLE / "dev.it")[:40]
-
-
-def tiny_model(vocab_size: int, pre_norm: bool, tie: bool, seed: int = 0, max_len: int = 64,
-               eos_rate: float | None = 0.1) -> Transformer:
-    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
-                      n_decoder_layers=2, max_positions=max_len, pre_norm=pre_norm, tie_embeddings=tie,
-                      dropout=0.0, attn_dropout=0.0, ffn_dropout=0.0)
-    torch.manual_seed(seed)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    if eos_rate is not None:
-        end_sentences(model, eos_rate)
-    return model
 
 
 def export_model(model: Transformer, tokenizer, where: Path, quantization: str = "none"):

@@ -69,7 +69,8 @@ log = logging.getLogger(__name__)
 # CTranslate2's weight types; "none" keeps the checkpoint's fp32.
 QUANTIZATIONS = ("none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16", "float32")
-FORMATS = ("ct2", "argos")  # a CTranslate2 directory | an Argos Translate package (argos.py)
+FORMATS = ("ct2", "argos", "hf")  # a CTranslate2 directory | an Argos Translate package (argos.py)
+# | a Hugging Face transformers folder (hf_export.py)
 
 
 @dataclass
@@ -89,7 +90,11 @@ class ExportConfig:
     """Replace an existing output, if it is an earlier export (or empty)."""
     format: str = "ct2"
     """ct2 (a CTranslate2 directory) | argos (an .argosmodel Argos Translate package, for
-    LibreTranslate; needs .[argos])."""
+    LibreTranslate; needs .[argos]) | hf (a Hugging Face transformers folder: MarianMTModel
+    for a post-norm model, PegasusForConditionalGeneration for a pre-norm one)."""
+    license: str = "unknown"
+    """format=hf: the licence identifier the model card gives the weights (a Hugging Face
+    Hub one, e.g. mit, cc-by-4.0, other)."""
 
     def validate(self) -> None:
         require(bool(self.checkpoint), "checkpoint", self.checkpoint,
@@ -103,6 +108,10 @@ class ExportConfig:
                 "format=argos writes a file ending in .argosmodel")
         require(not argos_file or self.format == "argos", "output", self.output,
                 "an .argosmodel is written with format=argos")
+        require(self.format != "hf" or self.quantization == "none", "quantization",
+                self.quantization, "format=hf writes fp32 weights: leave quantization=none")
+        require(bool(self.license) and not any(c.isspace() for c in str(self.license)), "license",
+                self.license, "a licence identifier without spaces, e.g. mit, cc-by-4.0, other")
 
 
 class ExportError(UserError, ValueError):
