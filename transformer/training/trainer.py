@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TrainConfig
 from transformer.data.augment import Augmenter
-from transformer.data.batching import Batch, TokenBatchSampler, TokenIds
+from transformer.data.batching import Batch, TokenBatchSampler
 from transformer.data.prepared_cache import PreparedData
 from transformer.device import HeapTrimmer
 from transformer.model.transformer import Transformer
