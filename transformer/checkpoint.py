@@ -51,6 +51,7 @@ WEIGHTS, MODEL_CFG, TOKENIZER, RUN_CFG, META, STATE = (
     "trainer_state.pt",
 )
 CHECKPOINTS = "checkpoints"  # a run directory's folder of checkpoints
+EVAL_DIR = "outputs/eval"  # mt-evaluate's report folders, one a model, relative to the working directory
 TOKENIZER_SHA256 = "tokenizer_sha256"  # meta.json's record of tokenizer.model's SHA-256
 
 log = logging.getLogger(__name__)
@@ -365,3 +366,10 @@ def recover_interrupted_writes(ckpt_dir: str | Path) -> list[str]:
     for line in done:
         log.warning("checkpoints: %s (in %s)", line, ckpt_dir)
     return done
+
+
+def model_name(checkpoint: str) -> str:
+    """A model's folder name under outputs/eval: `<run>-<checkpoint>` for a checkpoint in a
+    run's checkpoints folder (`sample-best`), else the directory's own name (an export)."""
+    path = Path(checkpoint).expanduser().resolve()
+    return f"{path.parent.parent.name}-{path.name}" if path.parent.name == CHECKPOINTS else path.name

@@ -43,7 +43,7 @@ from omegaconf.errors import OmegaConfBaseException
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer import outputs
-from transformer.checkpoint import CHECKPOINTS, RUN_CFG, find_checkpoint
+from transformer.checkpoint import EVAL_DIR, RUN_CFG, find_checkpoint, model_name
 from transformer.commands import cli
 from transformer.config import (
     ConfigError,
@@ -63,9 +63,6 @@ from transformer.decoding.text import translate_lines
 from transformer.metrics.name_copy import SIGNATURE, name_copy
 
 log = logging.getLogger(__name__)
-
-EVAL_DIR = "outputs/eval"  # the models' report folders, relative to the working directory
-
 
 @dataclass
 class EvaluateConfig:
@@ -144,13 +141,6 @@ def file_stem(test_set: str, perturbation: str | None = None, seed: int = 1) -> 
     and its perturbation (`perturb.tag`) after a dot."""
     stem = Path(test_set.split(",")[0]).name if "," in test_set else test_set
     return stem if perturbation is None else f"{stem}.{perturb.tag(perturbation, seed)}"
-
-
-def model_name(checkpoint: str) -> str:
-    """A model's folder name under outputs/eval: `<run>-<checkpoint>` for a checkpoint in a
-    run's checkpoints folder (`sample-best`), else the directory's own name (an export)."""
-    path = Path(checkpoint).expanduser().resolve()
-    return f"{path.parent.parent.name}-{path.name}" if path.parent.name == CHECKPOINTS else path.name
 
 
 def output_files(cfg: EvaluateConfig) -> dict[str, outputs.Output]:

@@ -19,9 +19,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from transformer.checkpoint import find_checkpoint
+from transformer.checkpoint import EVAL_DIR, find_checkpoint, model_name
 from transformer.commands import cli
-from transformer.commands.evaluate import EVAL_DIR, model_name
 from transformer.decoding.ct2_model import require_ctranslate2
 from transformer.deploy.argos import export_argos, require_spacy
 from transformer.deploy.ct2_export import ExportConfig, export_ct2
