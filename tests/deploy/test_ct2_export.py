@@ -34,7 +34,7 @@ from transformer.model.transformer import Transformer
 from transformer.outputs import OutputError
 from transformer.paths import PROJECT_ROOT
 
-from helpers import EXPORT_VARIANTS, sample_tokenizer
+from helpers import EXPORT_VARIANTS
 from helpers import perturbed_model as tiny_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -51,16 +51,6 @@ ROOT = PROJECT_ROOT
 SAMPLE = ROOT / "data" / "sample"
 # The four variants post-/pre-norm x tied/untied, with seeds that end most searches early.
 VARIANTS = EXPORT_VARIANTS
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return sample_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def lines() -> list[str]:
-    return read_lines(SAMPLE / "dev.it")[:40]
 
 
 def export_model(model: Transformer, tokenizer, where: Path, quantization: str = "none"):

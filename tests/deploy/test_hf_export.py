@@ -20,32 +20,18 @@ from safetensors import safe_open
 from transformer.checkpoint import save_checkpoint
 from transformer.config import ConfigError, DecodeConfig
 from transformer.data.batching import pad
-from transformer.data.corpus import read_lines
 from transformer.data.sentences import encode_sources
 from transformer.deploy.ct2_export import ExportConfig
 from transformer.deploy.hf_check import compare, generate_like, logit_gap, ours
 from transformer.deploy.hf_export import CLASSES, HF_FILES, hidden_permutation
 from transformer.outputs import OutputError
-from transformer.paths import PROJECT_ROOT
 
-from helpers import EXPORT_VARIANTS, sample_tokenizer
+from helpers import EXPORT_VARIANTS
 from helpers import perturbed_model as tiny_model
 
 transformers = pytest.importorskip("transformers", minversion="5")
 
 from transformer.commands.export import export  # noqa: E402
-
-SAMPLE = PROJECT_ROOT / "data" / "sample"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return sample_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def lines() -> list[str]:
-    return read_lines(SAMPLE / "dev.it")[:40]
 
 
 def export_hf(model, tokenizer, where, **settings):
