@@ -61,6 +61,7 @@ BAD_TRAINING_SETTINGS = [
     ("optim.warmup_steps=-1", "optim.warmup_steps=-1: must be >= 0"),
     ("data.max_tokens=100", "data.max_tokens=100: a batch must hold the longest pair"),
     ("data.spm_vocab_size=3", "data.spm_vocab_size=3: must be >= 5"),
+    ("data.spm_case_copies=1.5", "data.spm_case_copies=1.5: must be in [0, 1)"),
     ("data.name=wikipedia", "data.name='wikipedia': choose one of"),
     ("data.spm_model_type=word", "data.spm_model_type='word': choose unigram or bpe"),
     ("+data.corpora={tatoeba:1}", "data.corpora={'tatoeba': 1.0}: only for data.name=mix"),

@@ -333,6 +333,11 @@ class DataConfig:
     """SentencePiece's character_coverage: 1.0 keeps every character."""
     spm_input_sentence_size: int = 1_000_000
     """At most this many sentences (a seeded sample) train the vocabulary."""
+    spm_case_copies: float = 0.0
+    """Cased copies in the vocabulary's training text: each sentence adds an upper-cased
+    copy with this probability and a title-cased one with this probability (seeded), so
+    that text typed in capitals has pieces of its own rather than single letters; for
+    data.augment's upper and title. 0: off (docs/robustness.md)."""
     max_tokens: int = 4096
     """Padded tokens per training batch and side (fairseq's --max-tokens)."""
     bucket_chunk: int = 100
@@ -386,6 +391,7 @@ class DataConfig:
         require(0 < self.spm_character_coverage <= 1, f"{prefix}.spm_character_coverage",
                 self.spm_character_coverage, "must be in (0, 1]")
         positive(f"{prefix}.spm_input_sentence_size", self.spm_input_sentence_size)
+        _fraction(f"{prefix}.spm_case_copies", self.spm_case_copies)
         require(self.max_tokens > self.max_len, f"{prefix}.max_tokens", self.max_tokens,
                 f"a batch must hold the longest pair: more than {prefix}.max_len={self.max_len}")
         _at_most(f"{prefix}.max_tokens", self.max_tokens, MAX_BATCH_TOKENS)

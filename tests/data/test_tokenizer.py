@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from transformer.data import perturb
 from transformer.data import tokenizer as tokenizer_module
 from transformer.data.corpus import normalize, read_lines
 from transformer.data.tokenizer import (
@@ -135,3 +136,63 @@ def test_training_on_a_sample_is_reproducible_across_processes(tmp_path) -> None
     assert runs[0].stdout == runs[1].stdout
     here = train_tokenizer(sample_sentences(), vocab_size=150, input_sentence_size=300)
     assert runs[0].stdout.strip() == hashlib.sha256(here.proto).hexdigest()
+
+
+# --- cased copies in the vocabulary's training text (data.spm_case_copies) -------------
+
+
+def test_case_copies_follow_their_sentence_at_the_rate_asked() -> None:
+    sentences = [f"frase numero {i}." for i in range(4000)]
+    out = list(tokenizer_module.with_case_copies(sentences, 0.1, seed=3))
+    assert out == list(tokenizer_module.with_case_copies(sentences, 0.1, seed=3))  # seeded
+    assert [s for s in out if s.islower()] == sentences  # every original, in order
+    uppers = sum(s == perturb.upper(s) and s not in sentences for s in out)
+    titles = len(out) - len(sentences) - uppers
+    for n in (uppers, titles):  # Binomial(4000, 0.1): mean 400, sd 19
+        assert 300 < n < 500
+    assert list(tokenizer_module.with_case_copies(sentences, 0.0)) == sentences
+    assert list(tokenizer_module.with_case_copies(["ABC.", "123"], 0.99)) == ["ABC.", "123"]  # no equal copies
+
+
+def test_case_copies_are_each_right_after_their_sentence() -> None:
+    sentences = ["uno due.", "tre quattro.", "cinque sei."] * 200
+    out = list(tokenizer_module.with_case_copies(sentences, 0.5, seed=0))
+    current = None
+    for s in out:
+        if s in sentences:
+            current = s
+        else:
+            assert s in (perturb.upper(current), perturb.title(current))
+
+
+def test_case_copies_give_capitals_pieces_of_their_own(tmp_path) -> None:
+    """Trained with cased copies, the vocabulary cuts upper-cased text into fewer pieces
+    (without them, mostly single letters), and clean text hardly into more."""
+    sentences = sample_sentences()
+    plain, plain_path = load_or_train_tokenizer(sentences, "d", tmp_path, vocab_size=400)
+    cased, cased_path = load_or_train_tokenizer(sentences, "d", tmp_path, vocab_size=400, case_copies=0.3)
+    assert plain_path != cased_path  # its own cache key
+    held_out = [normalize(x) for x in read_lines(SAMPLE / "dev.it")[:100]]
+
+    def pieces(tok: Tokenizer, texts: list[str]) -> int:
+        return sum(len(ids) for ids in tok.encode(texts))
+
+    upper = [perturb.upper(x) for x in held_out]
+    assert pieces(cased, upper) < 0.8 * pieces(plain, upper)
+    assert pieces(cased, held_out) < 1.15 * pieces(plain, held_out)
+
+
+def test_case_copies_leave_the_keys_of_vocabularies_without_them() -> None:
+    settings = ("digest", 8000, "unigram", 1.0, 1_000_000)
+    key = tokenizer_module.tokenizer_key(*settings)
+    assert tokenizer_module.tokenizer_key(*settings, 0.0) == key
+    assert tokenizer_module.tokenizer_key(*settings, 0.1) != key != tokenizer_module.tokenizer_key(*settings, 0.2)
+
+
+def test_the_prepared_datas_key_holds_case_copies_only_when_on() -> None:
+    from transformer.config import DataConfig
+    from transformer.data.pipeline import _settings
+
+    off = _settings(DataConfig())
+    assert _settings(DataConfig(spm_case_copies=0.0)) == off and "spm_case_copies" not in off
+    assert _settings(DataConfig(spm_case_copies=0.1)) not in (off, _settings(DataConfig(spm_case_copies=0.2)))

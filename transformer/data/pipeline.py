@@ -236,12 +236,13 @@ def _tokenizer(cfg: DataConfig, trains: dict[str, CleanSplit]) -> tuple[Tokenize
     if cfg.name != "mix":
         (train,) = trains.values()
         return load_or_train_tokenizer(_Lazy(lambda: train.sentences(cfg.spm_input_sentence_size)), train.digest,
-                                       project_path(cfg.cache_dir), *spm, setting="data.spm_vocab_size")
+                                       project_path(cfg.cache_dir), *spm, setting="data.spm_vocab_size",
+                                       case_copies=cfg.spm_case_copies)
     weights = [cfg.corpora[name] for name in trains]
     sample = mix_sample(list(trains.values()), weights, cfg.spm_input_sentence_size)
     text_digest = hashlib.sha256("\n".join(sample).encode()).hexdigest()[:16]
     return load_or_train_tokenizer(sample, text_digest, project_path(cfg.cache_dir), *spm,
-                                   setting="data.spm_vocab_size")
+                                   setting="data.spm_vocab_size", case_copies=cfg.spm_case_copies)
 
 
 class _Lazy:
@@ -308,6 +309,8 @@ def _settings(cfg: DataConfig, location: bool = True) -> str:
         settings["tokenizer"] = given_tokenizer(cfg.tokenizer).digest
     if cfg.subword_sampling.on:  # off, the key holds no trace of the setting
         settings["subword_sampling"] = asdict(cfg.subword_sampling)
+    if cfg.spm_case_copies and not cfg.tokenizer:  # likewise
+        settings["spm_case_copies"] = cfg.spm_case_copies
     return json.dumps([_PIPELINE_VERSION, TOKENIZER_RECIPE, settings], sort_keys=True)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from transformer.atomic_files import atomic_write
+from transformer.data import perturb
 from transformer.data.heartbeat import Heartbeat
 from transformer.errors import UserError
 
@@ -259,17 +260,34 @@ def _reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:
     return [item for _, item in sorted(sample)]
 
 
+def with_case_copies(sentences: Iterable[str], probability: float, seed: int = 0) -> Iterator[str]:
+    """`sentences`, each followed by its upper-cased copy with `probability` and its
+    title-cased copy with `probability` (`perturb.upper`, `perturb.title`; drawn in order
+    from `seed`, so the same text gives the same copies). A copy equal to its sentence is
+    left out. For a vocabulary that cuts text typed in capitals into pieces it has, not
+    into single letters (`data.spm_case_copies`)."""
+    rng = random.Random(seed)
+    for sentence in sentences:
+        yield sentence
+        for change in (perturb.upper, perturb.title):
+            if rng.random() < probability and (copy := change(sentence)) != sentence:
+                yield copy
+
+
 def tokenizer_key(
     corpus_digest: str,
     vocab_size: int,
     model_type: str,
     character_coverage: float,
     input_sentence_size: int,
+    case_copies: float = 0.0,
 ) -> str:
     """Cache key: the training text's digest plus every setting that shapes the model."""
     settings = (
         f"{TOKENIZER_RECIPE}|{vocab_size}|{model_type}|{character_coverage}|{input_sentence_size}"
     )
+    if case_copies:  # off: the keys of the vocabularies made before the setting existed
+        settings += f"|case_copies={case_copies}"
     return hashlib.sha256(f"{corpus_digest}|{settings}".encode()).hexdigest()[:16]
 
 
@@ -282,6 +300,7 @@ def load_or_train_tokenizer(
     character_coverage: float = 1.0,
     input_sentence_size: int = 1_000_000,
     setting: str = "vocab_size",
+    case_copies: float = 0.0,
 ) -> tuple[Tokenizer, Path]:
     """Reuse `{cache_dir}/spm-<key>.model` if this corpus and these settings made one before.
 
@@ -290,7 +309,7 @@ def load_or_train_tokenizer(
     load raises VocabularyError naming the file.
     """
     key = tokenizer_key(
-        corpus_digest, vocab_size, model_type, character_coverage, input_sentence_size
+        corpus_digest, vocab_size, model_type, character_coverage, input_sentence_size, case_copies
     )
     path = Path(cache_dir) / f"spm-{key}.model"
     if path.exists():
@@ -301,6 +320,8 @@ def load_or_train_tokenizer(
             raise VocabularyError(f"corrupt cached tokenizer {path} ({' '.join(str(e).split())}): "
                                   f"delete it to rebuild it") from None
     log.info("training a %s tokenizer with %d pieces -> %s", model_type, vocab_size, path)
+    if case_copies:
+        sentences = with_case_copies(sentences, case_copies)
     tokenizer = train_tokenizer(
         sentences, vocab_size, model_type, character_coverage, input_sentence_size, setting=setting
     )

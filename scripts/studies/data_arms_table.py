@@ -1,0 +1,79 @@
+"""The tables of scripts/studies/data_arms.sh: each arm's scores from mt-evaluate's reports.
+
+    python scripts/studies/data_arms_table.py runs/arms [--eval-dir outputs/eval]
+
+Reads every report under --eval-dir whose checkpoint lies in ARMS_DIR/<arm>/checkpoints,
+and prints two Markdown tables: BLEU on the clean sets (cased, as the recipes are scored),
+and case-insensitive BLEU (BLEU-lc) clean and perturbed, with each perturbed score's
+distance from the clean one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SETS = {"flores200-devtest": "FLORES", "europarl-test": "europarl-test", "tt1000": "tatoeba-test 1k"}
+VARIANTS = ("clean", "upper", "title", "nopunct", "typos")
+
+
+def reports(arms_dir: Path, eval_dir: Path) -> dict[tuple[str, str, str], dict]:
+    """(arm, set, variant) -> report, for the reports of checkpoints under arms_dir."""
+    arms_dir = arms_dir.resolve()
+    found = {}
+    for path in sorted(eval_dir.rglob("*.json")):
+        try:
+            report = json.loads(path.read_text())
+            checkpoint = Path(report["checkpoint"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not checkpoint.is_relative_to(arms_dir):
+            continue
+        arm = checkpoint.relative_to(arms_dir).parts[0]
+        name = next((label for key, label in SETS.items() if key in str(report["test_set"])), None)
+        if name is None:
+            continue
+        variant = (report.get("perturb") or {}).get("name") or "clean"
+        found[arm, name, variant] = report
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("arms_dir", type=Path)
+    parser.add_argument("--eval-dir", type=Path, default=Path("outputs/eval"))
+    args = parser.parse_args()
+    found = reports(args.arms_dir, args.eval_dir)
+    arms = sorted({arm for arm, _, _ in found})
+    sets = [s for s in SETS.values() if any(k[1] == s for k in found)]
+
+    print("| arm | " + " | ".join(sets) + " |")
+    print("|---|" + "---:|" * len(sets))
+    for arm in arms:
+        cells = [f"{found[arm, s, 'clean']['scores']['BLEU']:.1f}" if (arm, s, "clean") in found else ""
+                 for s in sets]
+        print(f"| {arm} | " + " | ".join(cells) + " |")
+    print()
+    for s in sets:
+        variants = [v for v in VARIANTS if any(k[1] == s and k[2] == v for k in found)]
+        print(f"**{s}**, BLEU-lc (distance from clean)\n")
+        print("| arm | " + " | ".join(variants) + " |")
+        print("|---|" + "---:|" * len(variants))
+        for arm in arms:
+            clean = found.get((arm, s, "clean"))
+            cells = []
+            for v in variants:
+                r = found.get((arm, s, v))
+                if r is None:
+                    cells.append("")
+                    continue
+                lc = r["scores"]["BLEU-lc"]
+                gap = f" ({lc - clean['scores']['BLEU-lc']:+.1f})" if clean and v != "clean" else ""
+                cells.append(f"{lc:.1f}{gap}")
+            print(f"| {arm} | " + " | ".join(cells) + " |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
