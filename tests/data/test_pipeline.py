@@ -33,10 +33,12 @@ from transformer.data.batching import (
 )
 from transformer.data.corpus import (
     DataError,
+    clean,
     hub_data_files,
     length_filter,
     normalize,
     read_lines,
+    repair,
 )
 from transformer.data.pipeline import load_test_set, prepare_data
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -290,6 +292,17 @@ def test_normalize_nfc_and_whitespace() -> None:
     assert normalize(decomposed) == "Perché è così?"
     assert normalize("  Sì,\t è\u00a0 così. \r") == "Sì, è così."
     assert normalize(" \t ") == ""
+
+
+def test_cleaning_joins_a_spaced_out_apostrophe_reference_and_nothing_else() -> None:
+    """Europarl's Italian side writes some apostrophes as "& # x02BC;" between spaces."""
+    src = ["Dell & # x02BC; intervento di quest & # x02BC; anno, l & # x02BC; 80%.",
+           "L&#x2019;Europa", "AT&T e Procter & Gamble", "Un & # x010D; e x02BC;"]
+    tgt = ["of this year's", "Europe", "AT&T and Procter & Gamble", "x"]
+    cleaned, same = clean(src, tgt)
+    assert cleaned == ["Dell'intervento di quest'anno, l'80%.", "L'Europa", *src[2:]]
+    assert same == tgt
+    assert repair("nothing to do") == "nothing to do"
 
 
 def test_cleaning_drops_empty_and_long_pairs_and_counts_them(tmp_path) -> None:

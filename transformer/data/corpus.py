@@ -19,6 +19,7 @@ import json
 import logging
 import lzma
 import os
+import re
 import unicodedata
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -372,10 +373,24 @@ def normalize(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
+# An apostrophe written as an HTML character reference and spaced out by a tokenizer, as
+# in Europarl's Italian side ("dell & # x02BC; intervento", about 7,600 times in 5,000 pairs).
+_SPACED_APOSTROPHE = re.compile(r" ?& ?# ?x0*(?:2bc|2019) ?; ?", re.IGNORECASE)
+
+
+def repair(text: str) -> str:
+    """`text` with a spaced-out apostrophe reference joined again as the apostrophe it
+    stands for: "dell & # x02BC; intervento" -> "dell'intervento"."""
+    return _SPACED_APOSTROPHE.sub("'", text) if "&" in text else text
+
+
 def clean(src: Sequence[str], tgt: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The cleaning rule, for training and test sets alike: both sides normalised, pairs
-    with an empty side dropped."""
-    kept = [(s, t) for s, t in zip(map(normalize, src), map(normalize, tgt), strict=True) if s and t]
+    """The cleaning rule, for training and test sets alike: both sides normalised and
+    repaired (`repair`), pairs with an empty side dropped."""
+    def cleaned(lines: Sequence[str]) -> Iterator[str]:
+        return (repair(normalize(line)) for line in lines)
+
+    kept = [(s, t) for s, t in zip(cleaned(src), cleaned(tgt), strict=True) if s and t]
     return [s for s, _ in kept], [t for _, t in kept]
 
 

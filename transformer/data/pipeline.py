@@ -53,7 +53,7 @@ from transformer.paths import project_path, user_path
 
 log = logging.getLogger(__name__)
 
-_PIPELINE_VERSION = "3"  # bump when cleaning, encoding or the layout changes, to invalidate caches
+_PIPELINE_VERSION = "4"  # bump when cleaning, encoding or the layout changes, to invalidate caches
 
 class _Timer:
     def __init__(self) -> None:
