@@ -485,8 +485,8 @@ class TrainerConfig:
     process's own), else the CPU."""
     compile: bool | None = False
     """torch.compile the forward and the loss; null: on for CUDA, off elsewhere. Off by
-    default: on an H200 the GPU recipe's first compiled update had not finished compiling
-    after 395 s (docs/results/gpu.md, "The compiled training step"), and a CPU's first compile takes minutes."""
+    default: the first compiled update takes minutes to compile, on a GPU as on a CPU
+    (docs/results/gpu.md, "The compiled training step")."""
     seed: int = 1
     """Random seed: initial weights, batch order, dropout."""
     run_dir: str = "runs/default"

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# The searched prose recipe (experiment=europarl_tatoeba_cpu_2h) trained five ways at
+# The searched prose recipe (experiment=europarl_tatoeba_cpu_2h) trained four ways at
 # once, one thread each, for the same number of updates: as it is, with subword sampling,
-# with augmentation, with augmentation and a vocabulary trained on cased copies too, and
-# with the corpus filters. Then each model's last checkpoint is scored on FLORES-200
-# devtest, europarl-test and the first 1,000 lines of tatoeba-test, clean and with the
-# sources upper-cased, title-cased and without final punctuation (tatoeba-test also with
-# typos). Tables: python scripts/studies/data_arms_table.py runs/arms
-#   bash scripts/studies/data_arms.sh train     # the five runs, in the background
-#   bash scripts/studies/data_arms.sh evaluate  # once they have finished
+# with augmentation and a vocabulary trained on cased copies too, and with the corpus
+# filters. Then each model's checkpoint at update STEP is scored on
+# FLORES-200 devtest and the first 1,000 lines of europarl-test and of tatoeba-test, clean
+# and with the sources upper-cased, title-cased and without final punctuation
+# (tatoeba-test also with typos). Tables: python scripts/studies/data_arms_table.py runs/arms
+#   bash scripts/studies/data_arms.sh train                     # the four runs, at once
+#   STEP=2500 bash scripts/studies/data_arms.sh evaluate        # every arm's step_2500
+#   STEP=2500 ARM=base bash scripts/studies/data_arms.sh evaluate
 set -euo pipefail
 STEPS=${STEPS:-4000}
 OUT=${OUT:-runs/arms}
 declare -A ARMS=(
   [base]=""
   [subword]="data.subword_sampling.alpha=0.1 data.subword_sampling.nbest=-1"
-  [augment]="data.augment.upper=0.07 data.augment.title=0.05 data.augment.nopunct=0.2 data.augment.typos=0.05"
   [augment_cased]="data.augment.upper=0.07 data.augment.title=0.05 data.augment.nopunct=0.2 data.augment.typos=0.05 data.spm_case_copies=0.1"
   [filters]="data.filters.char_ratio=3 data.filters.numbers=true data.filters.script=0.1 data.filters.langid=0.01 data.filters.dedup=pairs"
 )
@@ -29,12 +29,13 @@ case "${1:-}" in
     done
     wait ;;
   evaluate)
-    head -1000 "${DATA:-../shared/data}/eval/tatoeba-test.it" > "$OUT/tt1000.it"
-    head -1000 "${DATA:-../shared/data}/eval/tatoeba-test.en" > "$OUT/tt1000.en"
-    for arm in "${!ARMS[@]}"; do
-      ckpt="$OUT/$arm/checkpoints/step_$STEPS"
-      for set in flores200-devtest europarl-test "$OUT/tt1000.it,$OUT/tt1000.en"; do
-        for p in none upper title nopunct $([[ $set == *tt1000* ]] && echo typos); do
+    for set in tatoeba europarl; do
+      for side in it en; do head -1000 "${DATA:-../shared/data}/eval/$set-test.$side" > "$OUT/${set:0:2}1000.$side"; done
+    done
+    for arm in ${ARM:-"${!ARMS[@]}"}; do
+      ckpt="$OUT/$arm/checkpoints/step_${STEP:-$STEPS}"
+      for set in flores200-devtest "$OUT/eu1000.it,$OUT/eu1000.en" "$OUT/ta1000.it,$OUT/ta1000.en"; do
+        for p in none upper title nopunct $([[ $set == *ta1000* ]] && echo typos); do
           extra=(); [[ $p != none ]] && extra=(perturb="$p")
           mt-evaluate checkpoint="$ckpt" test_set="$set" decode=beam threads="${THREADS:-2}" "${extra[@]}"
         done

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-SETS = {"flores200-devtest": "FLORES", "europarl-test": "europarl-test", "tt1000": "tatoeba-test 1k"}
+SETS = {"flores200-devtest": "FLORES", "eu1000": "europarl-test 1k", "ta1000": "tatoeba-test 1k"}
 VARIANTS = ("clean", "upper", "title", "nopunct", "typos")
 
 
