@@ -2,8 +2,8 @@
 # The searched prose recipe (experiment=europarl_tatoeba_cpu_2h) trained four ways at
 # once, one thread each, for the same number of updates: as it is, with subword sampling,
 # with augmentation and a vocabulary trained on cased copies too, and with the corpus
-# filters. Then each model's checkpoint at update STEP is scored on
-# FLORES-200 devtest and the first 1,000 lines of europarl-test and of tatoeba-test, clean
+# filters. Then each model's checkpoint at update STEP is scored on FLORES-200 devtest,
+# and on the first 500 lines of FLORES and europarl-test and 1,000 of tatoeba-test, clean
 # and with the sources upper-cased, title-cased and without final punctuation
 # (tatoeba-test also with typos). Tables: python scripts/studies/data_arms_table.py runs/arms
 #   bash scripts/studies/data_arms.sh train                     # the four runs, at once
@@ -29,15 +29,20 @@ case "${1:-}" in
     done
     wait ;;
   evaluate)
-    for set in tatoeba europarl; do
-      for side in it en; do head -1000 "${DATA:-../shared/data}/eval/$set-test.$side" > "$OUT/${set:0:2}1000.$side"; done
+    # the first lines of each set: 500 of FLORES and europarl-test (upper-cased prose is
+    # three times as many pieces for a plain vocabulary, and a model that cannot read it
+    # writes to the length bound), 1,000 of tatoeba-test; FLORES also whole, clean
+    for set in flores200-devtest:fl:500 europarl-test:eu:500 tatoeba-test:ta:1000; do
+      IFS=: read -r name short n <<< "$set"
+      for side in it en; do head -"$n" "${DATA:-../shared/data}/eval/$name.$side" > "$OUT/$short$n.$side"; done
     done
     for arm in ${ARM:-"${!ARMS[@]}"}; do
       ckpt="$OUT/$arm/checkpoints/step_${STEP:-$STEPS}"
-      for set in flores200-devtest "$OUT/eu1000.it,$OUT/eu1000.en" "$OUT/ta1000.it,$OUT/ta1000.en"; do
-        for p in none upper title nopunct $([[ $set == *ta1000* ]] && echo typos); do
+      mt-evaluate checkpoint="$ckpt" test_set=flores200-devtest decode=beam threads="${THREADS:-2}"
+      for set in fl500 eu500 ta1000; do
+        for p in none upper title nopunct $([[ $set == ta* ]] && echo typos); do
           extra=(); [[ $p != none ]] && extra=(perturb="$p")
-          mt-evaluate checkpoint="$ckpt" test_set="$set" decode=beam threads="${THREADS:-2}" "${extra[@]}"
+          mt-evaluate checkpoint="$ckpt" test_set="$OUT/$set.it,$OUT/$set.en" decode=beam threads="${THREADS:-2}" "${extra[@]}"
         done
       done
     done ;;

@@ -14,7 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-SETS = {"flores200-devtest": "FLORES", "eu1000": "europarl-test 1k", "ta1000": "tatoeba-test 1k"}
+SETS = {"flores200-devtest": "FLORES", "fl500": "FLORES 500", "eu500": "europarl-test 500",
+        "ta1000": "tatoeba-test 1,000"}
 VARIANTS = ("clean", "upper", "title", "nopunct", "typos")
 
 
