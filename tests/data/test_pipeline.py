@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from transformer.commands.prepare import format_statistics
 from transformer.config import DataConfig, to_dataclass
 from transformer.data import corpus
+from transformer.data import corpus as corpus_module
 from transformer.data import pipeline as data_module
 from transformer.data import tokenizer as tokenizer_module
 from transformer.data.batching import (
@@ -407,6 +408,24 @@ def test_a_training_corpus_that_is_a_stream_is_refused_saying_why(tmp_path) -> N
 
 
 # --- caching -------------------------------------------------------------------------
+
+
+def test_a_new_cleaning_rule_rereads_the_files_and_keeps_the_data_it_does_not_change(tmp_path, monkeypatch) -> None:
+    """The note from a file's path and mtime to its prepared data was made by a cleaning
+    rule: after `corpus.CLEANING` changes, the files are read and cleaned again, and text
+    the new rule leaves as it was finds its prepared data under the same key."""
+    train = write_plain_pair(tmp_path / "c", "train", *sample_pairs("train"))
+    dev = write_plain_pair(tmp_path / "c", "dev", *sample_pairs("dev"))
+    cfg = make_cfg(tmp_path, name="files", train_src=str(train[0]), train_tgt=str(train[1]),
+                   dev_src=str(dev[0]), dev_tgt=str(dev[1]))
+    first = prepare_data(cfg)
+    reads = []
+    real_clean = corpus_module.clean
+    monkeypatch.setattr(corpus_module, "clean", lambda *a: reads.append(1) or real_clean(*a))
+    assert prepare_data(cfg).from_cache and not reads  # the note: the files are not read
+    monkeypatch.setattr(corpus_module, "CLEANING", corpus_module.CLEANING + "-next")
+    again = prepare_data(cfg)
+    assert reads and again.from_cache and again.path == first.path
 
 
 def test_second_run_reuses_everything_until_the_corpus_changes(tmp_path, monkeypatch) -> None:

@@ -53,7 +53,7 @@ from transformer.paths import project_path, user_path
 
 log = logging.getLogger(__name__)
 
-_PIPELINE_VERSION = "4"  # bump when cleaning, encoding or the layout changes, to invalidate caches
+_PIPELINE_VERSION = "3"  # bump when cleaning, encoding or the layout changes, to invalidate caches
 
 class _Timer:
     def __init__(self) -> None:
@@ -329,7 +329,8 @@ def _source_key(cfg: DataConfig) -> str | None:
                                 "preparation reads a corpus more than once; give a file")
             st = p.stat()
             stamps.append((str(p.resolve()), st.st_size, st.st_mtime_ns))
-    return hashlib.sha256(json.dumps([_settings(cfg), stamps]).encode()).hexdigest()[:16]
+    # the cleaning rule's version too: a note says what the files held once cleaned
+    return hashlib.sha256(json.dumps([_settings(cfg), corpus.CLEANING, stamps]).encode()).hexdigest()[:16]
 
 
 def _read_source_note(cfg: DataConfig, source: str) -> str | None:
