@@ -9,6 +9,7 @@
 #   bash scripts/studies/data_arms.sh train                     # the four runs, at once
 #   STEP=2500 bash scripts/studies/data_arms.sh evaluate        # every arm's step_2500
 #   STEP=2500 ARM=base bash scripts/studies/data_arms.sh evaluate
+#   STEP=1000 ARM=base bash scripts/studies/data_arms.sh tatoeba  # tatoeba-test alone (a curve)
 set -euo pipefail
 STEPS=${STEPS:-4000}
 OUT=${OUT:-runs/arms}
@@ -28,7 +29,7 @@ case "${1:-}" in
         > "$OUT/$arm.log" 2>&1 &
     done
     wait ;;
-  evaluate)
+  evaluate|tatoeba)
     # the first lines of each set: 500 of FLORES and europarl-test (upper-cased prose is
     # three times as many pieces for a plain vocabulary, and a model that cannot read it
     # writes to the length bound), 1,000 of tatoeba-test; FLORES also whole, clean
@@ -38,13 +39,14 @@ case "${1:-}" in
     done
     for arm in ${ARM:-"${!ARMS[@]}"}; do
       ckpt="$OUT/$arm/checkpoints/step_${STEP:-$STEPS}"
-      mt-evaluate checkpoint="$ckpt" test_set=flores200-devtest decode=beam threads="${THREADS:-2}"
-      for set in fl500 eu500 ta1000; do
+      sets=(fl500 eu500 ta1000); [[ $1 == tatoeba ]] && sets=(ta1000)
+      [[ $1 == evaluate ]] && mt-evaluate checkpoint="$ckpt" test_set=flores200-devtest decode=beam threads="${THREADS:-2}"
+      for set in "${sets[@]}"; do
         for p in none upper title nopunct $([[ $set == ta* ]] && echo typos); do
           extra=(); [[ $p != none ]] && extra=(perturb="$p")
           mt-evaluate checkpoint="$ckpt" test_set="$OUT/$set.it,$OUT/$set.en" decode=beam threads="${THREADS:-2}" "${extra[@]}"
         done
       done
     done ;;
-  *) echo "usage: $0 train|evaluate" >&2; exit 2 ;;
+  *) echo "usage: $0 train|evaluate|tatoeba" >&2; exit 2 ;;
 esac

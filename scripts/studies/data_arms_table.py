@@ -1,11 +1,13 @@
 """The tables of scripts/studies/data_arms.sh: each arm's scores from mt-evaluate's reports.
 
-    python scripts/studies/data_arms_table.py runs/arms [--eval-dir outputs/eval]
+    python scripts/studies/data_arms_table.py runs/arms [--step 2000] [--eval-dir outputs/eval]
+    python scripts/studies/data_arms_table.py runs/arms --curve    # tatoeba-test by update
 
 Reads every report under --eval-dir whose checkpoint lies in ARMS_DIR/<arm>/checkpoints,
-and prints two Markdown tables: BLEU on the clean sets (cased, as the recipes are scored),
-and case-insensitive BLEU (BLEU-lc) clean and perturbed, with each perturbed score's
-distance from the clean one.
+and prints Markdown tables: BLEU on the clean sets (cased, as the recipes are scored), and
+case-insensitive BLEU (BLEU-lc) clean and perturbed, with each perturbed score's distance
+from the clean one, for the checkpoints of update --step; or with --curve, tatoeba-test's
+BLEU-lc clean and perturbed at every update scored.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ SETS = {"flores200-devtest": "FLORES", "fl500": "FLORES 500", "eu500": "europarl
 VARIANTS = ("clean", "upper", "title", "nopunct", "typos")
 
 
-def reports(arms_dir: Path, eval_dir: Path) -> dict[tuple[str, str, str], dict]:
-    """(arm, set, variant) -> report, for the reports of checkpoints under arms_dir."""
+def reports(arms_dir: Path, eval_dir: Path) -> dict[tuple[str, str, str, int], dict]:
+    """(arm, set, variant, update) -> report, for the reports of checkpoints under arms_dir."""
     arms_dir = arms_dir.resolve()
     found = {}
     for path in sorted(eval_dir.rglob("*.json")):
@@ -36,16 +38,43 @@ def reports(arms_dir: Path, eval_dir: Path) -> dict[tuple[str, str, str], dict]:
         if name is None:
             continue
         variant = (report.get("perturb") or {}).get("name") or "clean"
-        found[arm, name, variant] = report
+        step = checkpoint.name.removeprefix("step_")
+        if step.isdigit():
+            found[arm, name, variant, int(step)] = report
     return found
+
+
+def curve(found: dict) -> None:
+    name = SETS["ta1000"]
+    arms = sorted({k[0] for k in found if k[1] == name})
+    variants = [v for v in VARIANTS if any(k[1] == name and k[2] == v for k in found)]
+    print(f"**{name}**, BLEU-lc by update (distance from clean)\n")
+    print("| arm | update | " + " | ".join(variants) + " |")
+    print("|---|---:|" + "---:|" * len(variants))
+    for arm in arms:
+        for step in sorted({k[3] for k in found if k[0] == arm and k[1] == name}):
+            clean = found.get((arm, name, "clean", step))
+            cells = []
+            for v in variants:
+                r = found.get((arm, name, v, step))
+                lc = r and r["scores"]["BLEU-lc"]
+                gap = f" ({lc - clean['scores']['BLEU-lc']:+.1f})" if r and clean and v != "clean" else ""
+                cells.append("" if r is None else f"{lc:.1f}{gap}")
+            print(f"| {arm} | {step:,} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("arms_dir", type=Path)
     parser.add_argument("--eval-dir", type=Path, default=Path("outputs/eval"))
+    parser.add_argument("--step", type=int, default=2000, help="the update whose checkpoints are compared")
+    parser.add_argument("--curve", action="store_true", help="tatoeba-test at every update scored")
     args = parser.parse_args()
-    found = reports(args.arms_dir, args.eval_dir)
+    every = reports(args.arms_dir, args.eval_dir)
+    if args.curve:
+        curve(every)
+        return
+    found = {k[:3]: r for k, r in every.items() if k[3] == args.step}
     arms = sorted({arm for arm, _, _ in found})
     sets = [s for s in SETS.values() if any(k[1] == s for k in found)]
 
