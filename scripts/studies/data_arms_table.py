@@ -2,6 +2,7 @@
 
     python scripts/studies/data_arms_table.py runs/arms [--step 2000] [--eval-dir outputs/eval]
     python scripts/studies/data_arms_table.py runs/arms --curve    # tatoeba-test by update
+    python scripts/studies/data_arms_table.py runs/arms --plot docs/results/data-options-curve.png
 
 Reads every report under --eval-dir whose checkpoint lies in ARMS_DIR/<arm>/checkpoints,
 and prints Markdown tables: BLEU on the clean sets (cased, as the recipes are scored), and
@@ -63,16 +64,42 @@ def curve(found: dict) -> None:
             print(f"| {arm} | {step:,} | " + " | ".join(cells) + " |")
 
 
+def plot(found: dict, out: Path) -> None:
+    """tatoeba-test BLEU-lc by update, clean (solid) and upper-cased (dashed), an arm a colour."""
+    from matplotlib.figure import Figure
+
+    name = SETS["ta1000"]
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    for i, arm in enumerate(sorted({k[0] for k in found if k[1] == name})):
+        for variant, style in (("clean", "-"), ("upper", "--")):
+            points = sorted((k[3], r["scores"]["BLEU-lc"]) for k, r in found.items()
+                            if k[0] == arm and k[1] == name and k[2] == variant)
+            if points:
+                ax.plot(*zip(*points, strict=True), style, marker="o", color=f"C{i}", label=f"{arm}, {variant}")
+    ax.set_xlabel("updates")
+    ax.set_ylabel(f"{name}: BLEU-lc")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("arms_dir", type=Path)
     parser.add_argument("--eval-dir", type=Path, default=Path("outputs/eval"))
     parser.add_argument("--step", type=int, default=2000, help="the update whose checkpoints are compared")
     parser.add_argument("--curve", action="store_true", help="tatoeba-test at every update scored")
+    parser.add_argument("--plot", type=Path, help="draw the curve of tatoeba-test, clean and upper case, here")
     args = parser.parse_args()
     every = reports(args.arms_dir, args.eval_dir)
+    if args.plot:
+        plot(every, args.plot)
     if args.curve:
         curve(every)
+    if args.plot or args.curve:
         return
     found = {k[:3]: r for k, r in every.items() if k[3] == args.step}
     arms = sorted({arm for arm, _, _ in found})
