@@ -24,7 +24,6 @@ from omegaconf import OmegaConf
 from transformer.commands.prepare import format_statistics
 from transformer.config import DataConfig, to_dataclass
 from transformer.data import corpus
-from transformer.data import corpus as corpus_module
 from transformer.data import pipeline as data_module
 from transformer.data import tokenizer as tokenizer_module
 from transformer.data.batching import (
@@ -420,10 +419,10 @@ def test_a_new_cleaning_rule_rereads_the_files_and_keeps_the_data_it_does_not_ch
                    dev_src=str(dev[0]), dev_tgt=str(dev[1]))
     first = prepare_data(cfg)
     reads = []
-    real_clean = corpus_module.clean
-    monkeypatch.setattr(corpus_module, "clean", lambda *a: reads.append(1) or real_clean(*a))
+    real_clean = corpus.clean
+    monkeypatch.setattr(corpus, "clean", lambda *a: reads.append(1) or real_clean(*a))
     assert prepare_data(cfg).from_cache and not reads  # the note: the files are not read
-    monkeypatch.setattr(corpus_module, "CLEANING", corpus_module.CLEANING + "-next")
+    monkeypatch.setattr(corpus, "CLEANING", corpus.CLEANING + "-next")
     again = prepare_data(cfg)
     assert reads and again.from_cache and again.path == first.path
 

@@ -130,8 +130,8 @@ def test_two_process_gloo_ddp_makes_the_update_of_one_process_on_both_batches(tm
         torch.testing.assert_close(rank0[name], p.detach(), rtol=0, atol=2e-6, msg=name)
 
 
-# Changes that outgrow the debug recipe's batches (max_tokens 512): cut into pieces, a
-# different number on each rank
+# Changes that outgrow the debug recipe's batches (max_tokens 512): cut into pieces, not
+# always as many on one rank as on the other
 AUGMENT = ["data.augment.upper=0.6", "data.augment.merge=0.3", "data.augment.typos=0.3"]
 
 
