@@ -102,6 +102,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def two_gloo_ranks(tmp_path, *overrides: str) -> tuple[dict, dict]:
+    """Train the debug recipe under torchrun on two gloo ranks (tests/ddp_worker.py, run
+    directory tmp_path/run) and return each rank's final parameters."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(PROJECT_ROOT / "tests" / "ddp_worker.py"), str(tmp_path), *DEBUG, *overrides,
+           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+
+
 def test_two_process_gloo_ddp_makes_the_update_of_one_process_on_both_batches(tmp_path):
     """Two ranks end with identical parameters, rank 0 alone writes checkpoints, and the loss
     is normalised by both ranks' target tokens (fairseq's way): rank r trains on batches r,
@@ -109,13 +121,7 @@ def test_two_process_gloo_ddp_makes_the_update_of_one_process_on_both_batches(tm
     and after two updates their weights agree to float rounding. (Normalised by each
     rank's own tokens, as before #49, they differ by more than the tolerance: checked.)"""
     common = [*NO_DROPOUT, "trainer.max_steps=2", "trainer.val_every=2", "trainer.val_bleu_sentences=1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(PROJECT_ROOT / "tests" / "ddp_worker.py"), str(tmp_path), *DEBUG, *common,
-           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rank0, rank1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    rank0, rank1 = two_gloo_ranks(tmp_path, *common)
     assert rank0.keys() == rank1.keys()
     for k in rank0:
         assert torch.equal(rank0[k], rank1[k]), k
@@ -142,13 +148,7 @@ def test_with_augmentation_ranks_that_run_different_pieces_make_one_processs_upd
     target tokens on both ranks: the ranks end equal, and equal to one process that
     trains on the same two batches per update (accumulation), pieces and all."""
     common = [*NO_DROPOUT, *AUGMENT, "trainer.max_steps=3", "trainer.val_every=3", "trainer.val_bleu_sentences=1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(PROJECT_ROOT / "tests" / "ddp_worker.py"), str(tmp_path), *DEBUG, *common,
-           f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={shared_cache()}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rank0, rank1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    rank0, rank1 = two_gloo_ranks(tmp_path, *common)
     for k in rank0:
         assert torch.equal(rank0[k], rank1[k]), k
     single = run(tmp_path / "single", *common, "trainer.accum_steps=2")
